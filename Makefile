@@ -1,0 +1,22 @@
+.PHONY: run test lint format devcluster-up devcluster-down bench
+
+# Set up (venv, dependencies, Redis, the dev cluster, database, admin user) and run
+# the web UI, a Celery worker and beat in the foreground. Ctrl-C stops all of them.
+run:
+	scripts/run
+
+# Set up and run every check: ruff, mypy, pytest on SQLite and on PostgreSQL.
+test:
+	scripts/test
+
+lint:
+	.venv/bin/ruff check . && .venv/bin/ruff format --check . && .venv/bin/mypy
+
+format:
+	.venv/bin/ruff format . && .venv/bin/ruff check --fix .
+
+devcluster-up:
+	scripts/devcluster up
+
+devcluster-down:
+	scripts/devcluster down

@@ -1,0 +1,13 @@
+"""The Celery application. Workers and beat start with ``celery -A controlplane ...``."""
+
+from __future__ import annotations
+
+import os
+
+from celery import Celery
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
+
+app = Celery("gantry")
+app.config_from_object("django.conf:settings", namespace="CELERY")
+app.autodiscover_tasks()

@@ -1,0 +1,174 @@
+"""Small typed helpers that read settings from the environment and refuse bad values.
+
+Every helper raises ``ImproperlyConfigured`` with one line that names the variable
+and says what is wrong, so start-up fails with a message a person can act on.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from django.core.exceptions import ImproperlyConfigured
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+def _environ(environ: Mapping[str, str] | None) -> Mapping[str, str]:
+    return os.environ if environ is None else environ
+
+
+def envstr(
+    name: str, default: str | None = None, *, environ: Mapping[str, str] | None = None
+) -> str:
+    value = _environ(environ).get(name)
+    if value is None:
+        if default is None:
+            raise ImproperlyConfigured(f"{name} is not set.")
+        return default
+    return value
+
+
+def envbool(name: str, default: bool, *, environ: Mapping[str, str] | None = None) -> bool:
+    raw = _environ(environ).get(name)
+    if raw is None:
+        return default
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ImproperlyConfigured(
+        f"{name}={raw!r} is not a boolean; use one of 1/0, true/false, yes/no, on/off."
+    )
+
+
+def envint(
+    name: str,
+    default: int,
+    *,
+    minimum: int | None = None,
+    maximum: int | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> int:
+    raw = _environ(environ).get(name)
+    if raw is None or raw.strip() == "":
+        value = default
+    else:
+        try:
+            value = int(raw.strip())
+        except ValueError:
+            raise ImproperlyConfigured(f"{name}={raw!r} is not an integer.") from None
+    if minimum is not None and value < minimum:
+        raise ImproperlyConfigured(f"{name}={value} is below the minimum of {minimum}.")
+    if maximum is not None and value > maximum:
+        raise ImproperlyConfigured(f"{name}={value} is above the maximum of {maximum}.")
+    return value
+
+
+def envlist(
+    name: str, default: list[str], *, environ: Mapping[str, str] | None = None
+) -> list[str]:
+    raw = _environ(environ).get(name)
+    if raw is None:
+        return list(default)
+    return [item.strip() for item in raw.split(",") if item.strip()]
+
+
+def envsecret(name: str, *, environ: Mapping[str, str] | None = None) -> str | None:
+    """Read a secret from ``NAME`` or from the file named by ``NAME_FILE``.
+
+    Returns ``None`` when neither is set; the caller decides whether that is fatal.
+    """
+    env = _environ(environ)
+    file_name = env.get(f"{name}_FILE")
+    if file_name:
+        path = Path(file_name)
+        try:
+            value = path.read_text().strip()
+        except OSError as error:
+            raise ImproperlyConfigured(
+                f"{name}_FILE={file_name!r} cannot be read: {error.strerror}."
+            ) from None
+        if not value:
+            raise ImproperlyConfigured(f"{name}_FILE={file_name!r} is empty.")
+        return value
+    raw = env.get(name)
+    if raw is not None and raw.strip() == "":
+        raise ImproperlyConfigured(f"{name} is set but empty.")
+    return raw
+
+
+_DATABASE_ENGINES = {
+    "sqlite": "django.db.backends.sqlite3",
+    "postgres": "django.db.backends.postgresql",
+    "postgresql": "django.db.backends.postgresql",
+    "pgsql": "django.db.backends.postgresql",
+}
+
+
+def database_from_url(url: str, *, name: str = "DATABASE_URL") -> dict[str, Any]:
+    """Turn ``sqlite:///path`` or ``postgres://user@host:port/db`` into a DATABASES entry."""
+    import dj_database_url
+
+    parsed = urlparse(url)
+    scheme = parsed.scheme.lower()
+    if scheme not in _DATABASE_ENGINES:
+        supported = "sqlite:///PATH or postgres://USER:PASSWORD@HOST:PORT/NAME"
+        raise ImproperlyConfigured(
+            f"{name}={_redact(url)!r} has an unsupported scheme {scheme!r}; use {supported}."
+        )
+    if scheme == "sqlite":
+        if not parsed.path or parsed.path == "/":
+            raise ImproperlyConfigured(f"{name}={url!r} names no database file.")
+    else:
+        if not parsed.hostname and "host=" not in (parsed.query or ""):
+            raise ImproperlyConfigured(f"{name}={_redact(url)!r} names no host.")
+        if not parsed.path.strip("/"):
+            raise ImproperlyConfigured(f"{name}={_redact(url)!r} names no database.")
+        try:
+            _ = parsed.port
+        except ValueError:
+            raise ImproperlyConfigured(f"{name}={_redact(url)!r} has an invalid port.") from None
+    try:
+        config: dict[str, Any] = dict(dj_database_url.parse(url, conn_max_age=60))
+    except ValueError as error:
+        raise ImproperlyConfigured(f"{name}={_redact(url)!r} cannot be parsed: {error}") from None
+    config["ENGINE"] = _DATABASE_ENGINES[scheme]
+    if scheme == "sqlite":
+        config["CONN_MAX_AGE"] = 0
+        config.setdefault("OPTIONS", {})
+        # A busy control plane writes from web, worker and beat at once; wait instead of failing.
+        config["OPTIONS"].setdefault("timeout", 20)
+        config["OPTIONS"].setdefault("transaction_mode", "IMMEDIATE")
+        config["OPTIONS"].setdefault(
+            "init_command",
+            "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+        )
+    return config
+
+
+def redis_url(value: str, *, name: str) -> str:
+    parsed = urlparse(value)
+    if parsed.scheme not in {"redis", "rediss", "unix"}:
+        raise ImproperlyConfigured(
+            f"{name}={_redact(value)!r} is not a Redis URL; use redis://HOST:PORT/DB."
+        )
+    if parsed.scheme != "unix" and not parsed.hostname:
+        raise ImproperlyConfigured(f"{name}={_redact(value)!r} names no host.")
+    try:
+        _ = parsed.port
+    except ValueError:
+        raise ImproperlyConfigured(f"{name}={_redact(value)!r} has an invalid port.") from None
+    return value
+
+
+def _redact(url: str) -> str:
+    parsed = urlparse(url)
+    if parsed.password:
+        return url.replace(f":{parsed.password}@", ":***@")
+    return url

@@ -1,0 +1,218 @@
+"""Gantry settings: everything that differs between machines comes from the environment.
+
+See the configuration table in README.md. Helpers in ``controlplane.env`` refuse bad
+values with one line naming the variable.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from django.core.exceptions import ImproperlyConfigured
+
+from controlplane.env import (
+    database_from_url,
+    envbool,
+    envint,
+    envlist,
+    envsecret,
+    envstr,
+    redis_url,
+)
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+DEBUG = envbool("DEBUG", False)
+
+DATA_DIR = Path(envstr("GANTRY_DATA_DIR", str(BASE_DIR / "var" / "data"))).resolve()
+try:
+    DATA_DIR.mkdir(mode=0o700, parents=True, exist_ok=True)
+except OSError as _error:
+    raise ImproperlyConfigured(
+        f"GANTRY_DATA_DIR={str(DATA_DIR)!r} cannot be created: {_error.strerror}."
+    ) from None
+
+_secret_key = envsecret("SECRET_KEY")
+if _secret_key is None:
+    if not DEBUG:
+        raise ImproperlyConfigured(
+            "SECRET_KEY (or SECRET_KEY_FILE) is required when DEBUG is off; "
+            "generate one with: python -c 'import secrets; print(secrets.token_urlsafe(50))'"
+        )
+    _secret_key = "insecure-development-key-only-for-DEBUG-mode"  # noqa: S105
+SECRET_KEY = _secret_key
+
+ALLOWED_HOSTS = envlist("ALLOWED_HOSTS", ["127.0.0.1", "localhost"] if DEBUG else [])
+if not DEBUG and not ALLOWED_HOSTS:
+    raise ImproperlyConfigured(
+        "ALLOWED_HOSTS is required when DEBUG is off (comma-separated host names)."
+    )
+CSRF_TRUSTED_ORIGINS = envlist("CSRF_TRUSTED_ORIGINS", [])
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django.contrib.humanize",
+    "rest_framework",
+    "rest_framework.authtoken",
+    "django_filters",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
+    "controlplane",
+    "nodes",
+    "jobs",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "controlplane.urls"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+                "controlplane.context_processors.gantry",
+            ],
+        },
+    },
+]
+
+WSGI_APPLICATION = "controlplane.wsgi.application"
+ASGI_APPLICATION = "controlplane.asgi.application"
+
+DATABASE_URL = envstr("DATABASE_URL", f"sqlite:///{DATA_DIR / 'gantry.sqlite3'}")
+DATABASES = {"default": database_from_url(DATABASE_URL)}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = envstr("TIME_ZONE", "UTC")
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STATIC_ROOT = Path(envstr("GANTRY_STATIC_ROOT", str(BASE_DIR / "var" / "static")))
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {
+        "BACKEND": (
+            "django.contrib.staticfiles.storage.StaticFilesStorage"
+            if DEBUG
+            else "whitenoise.storage.CompressedManifestStaticFilesStorage"
+        )
+    },
+}
+
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "overview"
+LOGOUT_REDIRECT_URL = "login"
+
+# Security. TLS is assumed in production (DEBUG off); set GANTRY_TLS=false only when
+# Gantry is reached over plain HTTP on a trusted network.
+GANTRY_TLS = envbool("GANTRY_TLS", not DEBUG)
+SESSION_COOKIE_SECURE = GANTRY_TLS
+CSRF_COOKIE_SECURE = GANTRY_TLS
+SECURE_SSL_REDIRECT = GANTRY_TLS and envbool("GANTRY_SSL_REDIRECT", True)
+SECURE_HSTS_SECONDS = envint("GANTRY_HSTS_SECONDS", 31536000 if GANTRY_TLS else 0, minimum=0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = GANTRY_TLS
+SECURE_HSTS_PRELOAD = GANTRY_TLS and envbool("GANTRY_HSTS_PRELOAD", True)
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
+SESSION_COOKIE_HTTPONLY = True
+X_FRAME_OPTIONS = "DENY"
+if envbool("GANTRY_BEHIND_PROXY", False):
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+
+# Redis and Celery.
+REDIS_URL = redis_url(envstr("REDIS_URL", "redis://127.0.0.1:6379/0"), name="REDIS_URL")
+CELERY_BROKER_URL = redis_url(envstr("CELERY_BROKER_URL", REDIS_URL), name="CELERY_BROKER_URL")
+CELERY_RESULT_BACKEND = redis_url(
+    envstr("CELERY_RESULT_BACKEND", CELERY_BROKER_URL), name="CELERY_RESULT_BACKEND"
+)
+CELERY_TASK_SERIALIZER = "json"
+CELERY_RESULT_SERIALIZER = "json"
+CELERY_ACCEPT_CONTENT = ["json"]
+CELERY_RESULT_EXPIRES = 3600
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_SOFT_TIME_LIMIT = envint("GANTRY_TASK_SOFT_TIME_LIMIT", 240, minimum=10)
+CELERY_TASK_TIME_LIMIT = envint("GANTRY_TASK_TIME_LIMIT", 300, minimum=15)
+# Above the longest task, so a late-acked task is not redelivered while still running.
+CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": CELERY_TASK_TIME_LIMIT * 3}
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_TASK_ALWAYS_EAGER = False
+CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {}
+
+# Cluster access. Private keys and known_hosts files live here, 0600, never in the database.
+SSH_DIR = DATA_DIR / "ssh"
+SSH_CONNECT_TIMEOUT = envint("GANTRY_SSH_CONNECT_TIMEOUT", 10, minimum=1)
+SSH_COMMAND_TIMEOUT = envint("GANTRY_SSH_COMMAND_TIMEOUT", 60, minimum=1)
+SYNC_INTERVAL_SECONDS = envint("GANTRY_SYNC_INTERVAL", 30, minimum=2)
+RECONCILE_INTERVAL_SECONDS = envint("GANTRY_RECONCILE_INTERVAL", 5, minimum=1)
+DRILL_DEFAULT_STEPS = envint("GANTRY_DRILL_DEFAULT_STEPS", 5, minimum=1, maximum=10000)
+
+# REST API.
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        # Token first: an unauthenticated call then gets 401 with WWW-Authenticate.
+        "rest_framework.authentication.TokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_PAGINATION_CLASS": "controlplane.api.CursorPagination",
+    "PAGE_SIZE": 50,
+    "DEFAULT_SCHEMA_CLASS": "controlplane.schema.AutoSchema",
+    "EXCEPTION_HANDLER": "controlplane.errors.api_exception_handler",
+    "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
+    "DEFAULT_THROTTLE_RATES": {"login": "10/min"},
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Gantry API",
+    "DESCRIPTION": (
+        "Clusters, nodes, jobs, checkpoints and restore drills. "
+        'Every error has the shape {"message": str, "extra": object}.'
+    ),
+    "VERSION": "1.0.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    "COMPONENT_SPLIT_REQUEST": True,
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": envstr("GANTRY_LOG_LEVEL", "INFO")},
+    "loggers": {
+        "paramiko": {"level": "WARNING"},
+        "django.db.backends": {"level": "INFO"},
+    },
+}

@@ -1,0 +1,38 @@
+"""Test settings: only overrides. The database comes from DATABASE_URL when set
+(the test command runs the suite against SQLite and PostgreSQL)."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("DEBUG", "false")
+os.environ.setdefault("SECRET_KEY", "test-secret-key-not-for-production")
+os.environ.setdefault("ALLOWED_HOSTS", "testserver,127.0.0.1,localhost")
+os.environ.setdefault("GANTRY_TLS", "false")
+# A Redis database of its own, so tests never see the development server's queues.
+os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/13")
+os.environ.setdefault(
+    "GANTRY_DATA_DIR",
+    os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "var", "test-data"),
+)
+
+from controlplane.settings import *  # noqa: F403
+from controlplane.settings import DATA_DIR
+
+if "DATABASE_URL" not in os.environ:
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": str(DATA_DIR / "test.sqlite3"),
+            "TEST": {"NAME": str(DATA_DIR / "test-db.sqlite3")},
+            "OPTIONS": {"timeout": 20},
+        }
+    }
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+}
+LOGGING = {"version": 1, "disable_existing_loggers": False}
+STATIC_ROOT = DATA_DIR / "static"
+STATIC_ROOT.mkdir(parents=True, exist_ok=True)

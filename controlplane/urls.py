@@ -1,0 +1,40 @@
+from __future__ import annotations
+
+from django.contrib import admin
+from django.contrib.auth import views as auth_views
+from django.urls import include, path
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+
+from controlplane import views
+from controlplane.api_views import AuditEventListApi, MeApi
+from jobs import views as job_views
+from nodes import views as node_views
+
+api_v1 = [
+    path("me/", MeApi.as_view(), name="me"),
+    path("audit-events/", AuditEventListApi.as_view(), name="audit-event-list"),
+]
+
+urlpatterns = [
+    path("", views.overview, name="overview"),
+    path("nodes/", node_views.node_list_page, name="node-list"),
+    path("nodes/<int:node_id>/", node_views.node_detail_page, name="node-detail"),
+    path("topology/", node_views.topology_page, name="topology"),
+    path("jobs/", job_views.job_list_page, name="job-list"),
+    path("drills/", job_views.drill_list_page, name="drill-list"),
+    path(
+        "accounts/login/",
+        auth_views.LoginView.as_view(template_name="registration/login.html"),
+        name="login",
+    ),
+    path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("admin/", admin.site.urls),
+    path("api/v1/", include((api_v1, "api"), namespace="api")),
+    path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
+    path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
+]
+
+handler400 = "controlplane.errors.handler400"
+handler403 = "controlplane.errors.handler403"
+handler404 = "controlplane.errors.handler404"
+handler500 = "controlplane.errors.handler500"

@@ -1,0 +1,331 @@
+from __future__ import annotations
+
+from django.contrib import admin
+from django.http import HttpRequest
+
+from controlplane.admin_helpers import admin_changelist_link, admin_link
+from jobs.models import Checkpoint, Job, JobEvent, MetricPoint, RestoreDrill
+
+# What Slurm and the trainer own: shown, never edited by hand.
+JOB_OBSERVED_FIELDS = [
+    "id",
+    "state",
+    "state_reason",
+    "slurm_job_id",
+    "allocated_nodes",
+    "exit_code",
+    "submit_attempts",
+    "last_step",
+    "total_steps",
+    "metrics_offset",
+    "acceptance",
+    "created_at",
+    "submitted_at",
+    "started_at",
+    "ended_at",
+    "last_seen_in_slurm_at",
+    "updated_at",
+]
+
+
+class JobEventInline(admin.TabularInline):
+    model = JobEvent
+    extra = 0
+    can_delete = False
+    readonly_fields = (
+        "at",
+        "kind",
+        "from_state",
+        "to_state",
+        "message",
+    )
+    fields = readonly_fields
+    max_num = 0
+
+
+class CheckpointInline(admin.TabularInline):
+    model = Checkpoint
+    extra = 0
+    can_delete = False
+    readonly_fields = (
+        "step",
+        "size_bytes",
+        "file_count",
+        "world_size",
+        "integrity",
+        "last_proven_at",
+    )
+    fields = readonly_fields
+    show_change_link = True
+    max_num = 0
+
+
+@admin.register(Job)
+class JobAdmin(admin.ModelAdmin):
+    list_display = [
+        "name",
+        "short_id",
+        "owner",
+        "cluster_link",
+        "state",
+        "slurm_job_id",
+        "resources",
+        "allocated_nodes",
+        "progress_display",
+        "created_at",
+    ]
+    list_filter = ["state", "cluster", "partition", ("owner", admin.RelatedOnlyFieldListFilter)]
+    search_fields = ["name", "=id", "=slurm_job_id", "owner__username", "allocated_nodes"]
+    date_hierarchy = "created_at"
+    list_select_related = ["owner", "cluster"]
+    readonly_fields = [*JOB_OBSERVED_FIELDS, "parent_link", "metrics_link"]
+    raw_id_fields = ["owner", "parent", "resume_from"]
+    inlines = [JobEventInline, CheckpointInline]
+    fieldsets = [
+        (None, {"fields": ["id", "name", "owner", "cluster", "config"]}),
+        (
+            "Requested resources",
+            {
+                "fields": [
+                    "partition",
+                    "nodes",
+                    "tasks_per_node",
+                    "gpus_per_node",
+                    "gpu_type",
+                    "cpus_per_task",
+                    "memory_mb",
+                    "time_limit_minutes",
+                    "nodelist_requested",
+                    "switches_requested",
+                ]
+            },
+        ),
+        (
+            "In Slurm",
+            {
+                "fields": [
+                    "state",
+                    "state_reason",
+                    "slurm_job_id",
+                    "allocated_nodes",
+                    "exit_code",
+                    "submit_attempts",
+                    "created_at",
+                    "submitted_at",
+                    "started_at",
+                    "ended_at",
+                    "last_seen_in_slurm_at",
+                ]
+            },
+        ),
+        (
+            "Training",
+            {
+                "fields": [
+                    "last_step",
+                    "total_steps",
+                    "metrics_offset",
+                    "metrics_link",
+                    "acceptance",
+                ]
+            },
+        ),
+        ("Lineage", {"fields": ["parent", "parent_link", "resume_from"]}),
+    ]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        # Jobs are submitted through the form or the API, which validate and submit them.
+        return False
+
+    @admin.display(description="id")
+    def short_id(self, obj: Job) -> str:
+        return str(obj.id)[:8]
+
+    @admin.display(description="cluster", ordering="cluster__name")
+    def cluster_link(self, obj: Job) -> str:
+        return admin_link(obj.cluster, obj.cluster.name)
+
+    @admin.display(description="resources")
+    def resources(self, obj: Job) -> str:
+        gpus = f" × {obj.gpus_per_node} GPU" if obj.gpus_per_node else ""
+        return f"{obj.nodes} node{'s' if obj.nodes != 1 else ''}{gpus} · {obj.partition}"
+
+    @admin.display(description="progress")
+    def progress_display(self, obj: Job) -> str:
+        if obj.total_steps and obj.last_step is not None:
+            return f"{obj.last_step}/{obj.total_steps}"
+        return "–"
+
+    @admin.display(description="resumed from job")
+    def parent_link(self, obj: Job) -> str:
+        return admin_link(obj.parent)
+
+    @admin.display(description="metric points")
+    def metrics_link(self, obj: Job) -> str:
+        return admin_changelist_link(MetricPoint, "show metric points", job__id__exact=obj.pk)
+
+
+@admin.register(JobEvent)
+class JobEventAdmin(admin.ModelAdmin):
+    list_display = ["at", "job_link", "kind", "from_state", "to_state", "message"]
+    list_filter = ["kind", "to_state"]
+    search_fields = ["=job__id", "job__name", "message"]
+    date_hierarchy = "at"
+    list_select_related = ["job"]
+    readonly_fields = ["job", "at", "kind", "from_state", "to_state", "message"]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
+    @admin.display(description="job")
+    def job_link(self, obj: JobEvent) -> str:
+        return admin_link(obj.job)
+
+
+@admin.register(MetricPoint)
+class MetricPointAdmin(admin.ModelAdmin):
+    list_display = [
+        "job",
+        "step",
+        "wall_time",
+        "loss",
+        "samples_per_s",
+        "tokens_per_s",
+        "step_time_s",
+    ]
+    search_fields = ["=job__id"]
+    list_select_related = ["job"]
+    show_full_result_count = False
+    readonly_fields = [
+        "job",
+        "step",
+        "wall_time",
+        "elapsed_s",
+        "loss",
+        "samples_per_s",
+        "tokens_per_s",
+        "step_time_s",
+        "data_time_s",
+        "checkpoint_blocking_s",
+        "world_size",
+    ]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+
+class RestoreDrillInline(admin.TabularInline):
+    model = RestoreDrill
+    extra = 0
+    can_delete = False
+    readonly_fields = (
+        "created_at",
+        "state",
+        "verdict",
+        "reason",
+        "steps",
+        "allocation_key",
+    )
+    fields = readonly_fields
+    show_change_link = True
+    max_num = 0
+
+
+@admin.register(Checkpoint)
+class CheckpointAdmin(admin.ModelAdmin):
+    list_display = [
+        "__str__",
+        "job_link",
+        "step",
+        "size_bytes",
+        "file_count",
+        "world_size",
+        "integrity",
+        "last_proven_at",
+    ]
+    list_filter = ["integrity", "job__cluster"]
+    search_fields = ["=job__id", "job__name", "path"]
+    list_select_related = ["job"]
+    readonly_fields = [
+        "job",
+        "step",
+        "path",
+        "size_bytes",
+        "file_count",
+        "state_keys",
+        "world_size",
+        "manifest",
+        "integrity",
+        "integrity_detail",
+        "integrity_checked_at",
+        "saved_at",
+        "registered_at",
+        "last_proven_at",
+    ]
+    inlines = [RestoreDrillInline]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    @admin.display(description="job")
+    def job_link(self, obj: Checkpoint) -> str:
+        return admin_link(obj.job)
+
+
+@admin.register(RestoreDrill)
+class RestoreDrillAdmin(admin.ModelAdmin):
+    list_display = [
+        "short_id",
+        "checkpoint_link",
+        "state",
+        "verdict",
+        "reason_short",
+        "steps",
+        "allocation_key",
+        "load_s",
+        "created_at",
+    ]
+    list_filter = ["state", "verdict", "reason_code"]
+    search_fields = ["=id", "checkpoint__job__name", "reason", "=slurm_job_id"]
+    date_hierarchy = "created_at"
+    list_select_related = ["checkpoint", "checkpoint__job"]
+    readonly_fields = [
+        "id",
+        "checkpoint",
+        "requested_by",
+        "steps",
+        "allocation",
+        "allocation_key",
+        "state",
+        "verdict",
+        "reason",
+        "reason_code",
+        "evidence",
+        "slurm_job_id",
+        "integrity_s",
+        "load_s",
+        "steps_s",
+        "queue_wait_s",
+        "created_at",
+        "submitted_at",
+        "started_at",
+        "finished_at",
+    ]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    @admin.display(description="id")
+    def short_id(self, obj: RestoreDrill) -> str:
+        return str(obj.id)[:8]
+
+    @admin.display(description="checkpoint")
+    def checkpoint_link(self, obj: RestoreDrill) -> str:
+        return admin_link(obj.checkpoint)
+
+    @admin.display(description="reason")
+    def reason_short(self, obj: RestoreDrill) -> str:
+        return (obj.reason[:80] + "…") if len(obj.reason) > 80 else obj.reason

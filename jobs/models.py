@@ -1,0 +1,290 @@
+"""Training jobs and what they produce: metrics, checkpoints, and restore drills."""
+
+from __future__ import annotations
+
+import uuid
+
+from django.conf import settings
+from django.core.validators import MaxValueValidator, MinValueValidator
+from django.db import models
+from django.db.models import Q
+
+from nodes.models import Cluster
+
+
+class Job(models.Model):
+    class State(models.TextChoices):
+        DRAFT = "draft"
+        QUEUED = "queued", "queued in Gantry"
+        SUBMITTING = "submitting"
+        PENDING = "pending", "pending in Slurm"
+        RUNNING = "running"
+        COMPLETING = "completing"
+        COMPLETED = "completed"
+        FAILED = "failed"
+        CANCELLED = "cancelled"
+        TIMEOUT = "timeout"
+        NODE_FAIL = "node_fail", "node failure"
+        LOST = "lost", "lost (no record in Slurm)"
+
+    # States from which nothing moves on: the reconcile loop stops looking at these.
+    FINAL_STATES = frozenset(
+        {
+            State.COMPLETED,
+            State.FAILED,
+            State.CANCELLED,
+            State.TIMEOUT,
+            State.NODE_FAIL,
+            State.LOST,
+        }
+    )
+    # States in which Slurm knows the job: the reconcile loop asks Slurm about these.
+    SLURM_ACTIVE_STATES = frozenset({State.PENDING, State.RUNNING, State.COMPLETING})
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="jobs"
+    )
+    cluster = models.ForeignKey(Cluster, on_delete=models.PROTECT, related_name="jobs")
+    name = models.CharField(max_length=128)
+    config = models.JSONField(default=dict, help_text="The trainer configuration.")
+
+    nodes = models.PositiveSmallIntegerField(
+        default=1, validators=[MinValueValidator(1), MaxValueValidator(4096)]
+    )
+    gpus_per_node = models.PositiveSmallIntegerField(default=0, validators=[MaxValueValidator(64)])
+    gpu_type = models.CharField(max_length=64, blank=True)
+    tasks_per_node = models.PositiveSmallIntegerField(default=1, validators=[MinValueValidator(1)])
+    cpus_per_task = models.PositiveSmallIntegerField(default=1, validators=[MinValueValidator(1)])
+    memory_mb = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Memory per node; empty means the partition default."
+    )
+    time_limit_minutes = models.PositiveIntegerField(default=30, validators=[MinValueValidator(1)])
+    partition = models.CharField(max_length=64)
+    nodelist_requested = models.CharField(max_length=1024, blank=True)
+    switches_requested = models.CharField(max_length=64, blank=True)
+
+    state = models.CharField(max_length=16, choices=State.choices, default=State.QUEUED)
+    state_reason = models.CharField(max_length=512, blank=True)
+    slurm_job_id = models.CharField(max_length=32, blank=True, db_index=True)
+    allocated_nodes = models.CharField(max_length=1024, blank=True)
+    exit_code = models.IntegerField(null=True, blank=True)
+    submit_attempts = models.PositiveSmallIntegerField(default=0)
+
+    parent = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="children"
+    )
+    resume_from = models.ForeignKey(
+        "Checkpoint", null=True, blank=True, on_delete=models.SET_NULL, related_name="resumed_jobs"
+    )
+
+    total_steps = models.PositiveIntegerField(null=True, blank=True)
+    last_step = models.PositiveIntegerField(null=True, blank=True)
+    metrics_offset = models.BigIntegerField(default=0)
+    acceptance = models.JSONField(null=True, blank=True)
+
+    created_at = models.DateTimeField(auto_now_add=True)
+    submitted_at = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+    last_seen_in_slurm_at = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["cluster", "slurm_job_id"],
+                condition=~Q(slurm_job_id=""),
+                name="job_unique_slurm_id_per_cluster",
+            ),
+        ]
+        indexes = [
+            models.Index(fields=["cluster", "state"], name="job_cluster_state"),
+            models.Index(fields=["owner", "-created_at"], name="job_owner_created"),
+            models.Index(fields=["state", "-created_at"], name="job_state_created"),
+            models.Index(fields=["-created_at", "id"], name="job_created_id"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({str(self.id)[:8]})"
+
+    @property
+    def slurm_tag(self) -> str:
+        """Every sbatch carries this, so a redelivered submit finds the job it made."""
+        return f"gantry-{self.id}"
+
+    @property
+    def is_final(self) -> bool:
+        return self.state in self.FINAL_STATES
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.tasks_per_node
+
+    @property
+    def progress(self) -> float | None:
+        if not self.total_steps or self.last_step is None:
+            return None
+        return min(1.0, self.last_step / self.total_steps)
+
+
+class JobEvent(models.Model):
+    """One entry of a job's timeline."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="events")
+    at = models.DateTimeField(auto_now_add=True)
+    kind = models.CharField(max_length=32)
+    from_state = models.CharField(max_length=16, blank=True)
+    to_state = models.CharField(max_length=16, blank=True)
+    message = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["at", "id"]
+        indexes = [models.Index(fields=["job", "at"], name="jobevent_job_at")]
+
+    def __str__(self) -> str:
+        return f"{self.job_id} {self.kind} {self.from_state}→{self.to_state}"
+
+
+class MetricPoint(models.Model):
+    """One logged training step, as the trainer wrote it to metrics.jsonl."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="metric_points")
+    step = models.PositiveIntegerField()
+    wall_time = models.DateTimeField()
+    elapsed_s = models.FloatField(null=True, blank=True)
+    loss = models.FloatField(null=True, blank=True)
+    samples_per_s = models.FloatField(null=True, blank=True)
+    tokens_per_s = models.FloatField(null=True, blank=True)
+    step_time_s = models.FloatField(null=True, blank=True)
+    data_time_s = models.FloatField(null=True, blank=True)
+    checkpoint_blocking_s = models.FloatField(null=True, blank=True)
+    world_size = models.PositiveSmallIntegerField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["job", "step"]
+        # The unique index doubles as the time-series index: every read is "job X by step".
+        constraints = [
+            models.UniqueConstraint(fields=["job", "step"], name="metricpoint_unique_step")
+        ]
+        indexes = [models.Index(fields=["job", "wall_time"], name="metricpoint_job_time")]
+
+    def __str__(self) -> str:
+        return f"{self.job_id}@{self.step}"
+
+
+class Checkpoint(models.Model):
+    class Integrity(models.TextChoices):
+        UNVERIFIED = "unverified"
+        OK = "ok", "verified"
+        FAILED = "failed", "failed integrity check"
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="checkpoints")
+    step = models.PositiveIntegerField()
+    path = models.CharField(max_length=1024)
+    size_bytes = models.BigIntegerField(default=0)
+    file_count = models.PositiveIntegerField(default=0)
+    state_keys = models.JSONField(default=list, blank=True)
+    world_size = models.PositiveSmallIntegerField(null=True, blank=True)
+    manifest = models.JSONField(default=dict, blank=True)
+    integrity = models.CharField(
+        max_length=16, choices=Integrity.choices, default=Integrity.UNVERIFIED
+    )
+    integrity_detail = models.TextField(blank=True)
+    integrity_checked_at = models.DateTimeField(null=True, blank=True)
+    saved_at = models.DateTimeField(null=True, blank=True)
+    registered_at = models.DateTimeField(auto_now_add=True)
+    last_proven_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["job", "-step"]
+        constraints = [
+            models.UniqueConstraint(fields=["job", "step"], name="checkpoint_unique_step")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.job.name} step {self.step}"
+
+
+class RestoreDrill(models.Model):
+    """A restore exercise: load a checkpoint on an allocation, run K steps, compare."""
+
+    class State(models.TextChoices):
+        QUEUED = "queued"
+        SUBMITTING = "submitting"
+        PENDING = "pending"
+        RUNNING = "running"
+        FINISHED = "finished"
+        CANCELLED = "cancelled"
+
+    class Verdict(models.TextChoices):
+        PASSED = "passed"
+        FAILED = "failed"
+        ERROR = "error", "error (the drill could not run; not a verdict on the checkpoint)"
+
+    ACTIVE_STATES = frozenset({State.QUEUED, State.SUBMITTING, State.PENDING, State.RUNNING})
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    checkpoint = models.ForeignKey(Checkpoint, on_delete=models.CASCADE, related_name="drills")
+    requested_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="restore_drills",
+    )
+    steps = models.PositiveIntegerField(default=5, validators=[MinValueValidator(1)])
+    allocation = models.JSONField(
+        default=dict, help_text="nodes, gpus_per_node, tasks_per_node, partition"
+    )
+    allocation_key = models.CharField(
+        max_length=255, help_text="Canonical form of the allocation, for duplicate checks."
+    )
+    state = models.CharField(max_length=16, choices=State.choices, default=State.QUEUED)
+    verdict = models.CharField(max_length=16, choices=Verdict.choices, blank=True)
+    reason = models.TextField(blank=True)
+    reason_code = models.CharField(max_length=64, blank=True)
+    evidence = models.JSONField(null=True, blank=True)
+    slurm_job_id = models.CharField(max_length=32, blank=True)
+
+    integrity_s = models.FloatField(null=True, blank=True)
+    load_s = models.FloatField(null=True, blank=True)
+    steps_s = models.FloatField(null=True, blank=True)
+    queue_wait_s = models.FloatField(null=True, blank=True)
+
+    created_at = models.DateTimeField(auto_now_add=True)
+    submitted_at = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        constraints = [
+            # One drill at a time per checkpoint and allocation: a second one is refused.
+            models.UniqueConstraint(
+                fields=["checkpoint", "allocation_key"],
+                condition=Q(state__in=["queued", "submitting", "pending", "running"]),
+                name="drill_one_active_per_checkpoint_allocation",
+            ),
+            models.CheckConstraint(
+                name="drill_verdict_only_when_finished",
+                condition=Q(verdict="") | Q(state__in=["finished", "cancelled"]),
+            ),
+        ]
+        indexes = [
+            models.Index(fields=["state", "-created_at"], name="drill_state_created"),
+            models.Index(fields=["verdict", "-finished_at"], name="drill_verdict_finished"),
+        ]
+
+    def __str__(self) -> str:
+        return f"drill {str(self.id)[:8]} of {self.checkpoint}"
+
+    @property
+    def slurm_tag(self) -> str:
+        return f"gantry-drill-{self.id}"
+
+    @property
+    def is_active(self) -> bool:
+        return self.state in self.ACTIVE_STATES

@@ -1,0 +1,313 @@
+"""Inventory: clusters, their nodes and GPUs, and the network topology between them.
+
+Rows under a cluster mirror what Slurm reports; Gantry updates them on sync and never
+deletes a node that disappears (it is marked ``gone``).
+"""
+
+from __future__ import annotations
+
+from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
+from django.db import models
+from django.db.models import Q
+
+slug_validator = RegexValidator(
+    r"^[a-z0-9][a-z0-9-]{0,62}$",
+    "Use lower-case letters, digits and dashes (at most 63), starting with a letter or digit.",
+)
+remote_path_validator = RegexValidator(
+    r"^/[A-Za-z0-9._/+-]*$",
+    "Use an absolute path of letters, digits and . _ / + - only.",
+)
+unix_user_validator = RegexValidator(
+    r"^[a-z_][a-z0-9_-]{0,31}$", "Use a valid Unix user name (lower-case, at most 32)."
+)
+
+
+class Cluster(models.Model):
+    class SyncStatus(models.TextChoices):
+        NEVER = "never", "never synced"
+        OK = "ok", "ok"
+        ERROR = "error", "error"
+
+    name = models.CharField(max_length=63, unique=True, validators=[slug_validator])
+    description = models.CharField(max_length=255, blank=True)
+    is_default = models.BooleanField(default=False)
+
+    ssh_host = models.CharField("SSH host", max_length=255)
+    ssh_port = models.PositiveIntegerField(
+        "SSH port", default=22, validators=[MinValueValidator(1), MaxValueValidator(65535)]
+    )
+    ssh_user = models.CharField("SSH user", max_length=32, validators=[unix_user_validator])
+    # A reference to a private key file under GANTRY_DATA_DIR/ssh (0600); never the key itself.
+    ssh_key_name = models.CharField(
+        "SSH key", max_length=128, help_text="File name of the private key under the data dir."
+    )
+    host_key_type = models.CharField(max_length=64, blank=True)
+    host_key_fingerprint = models.CharField(
+        "pinned host key fingerprint",
+        max_length=128,
+        blank=True,
+        help_text="SHA256:… of the server's host key; connections to any other key are refused.",
+    )
+    host_key_line = models.TextField(
+        blank=True, help_text="The known_hosts line pinned for this cluster."
+    )
+    workdir = models.CharField("work directory", max_length=512, validators=[remote_path_validator])
+    python = models.CharField(
+        "Python on the cluster", max_length=512, validators=[remote_path_validator]
+    )
+    default_partition = models.CharField(max_length=64, blank=True)
+
+    slurm_version = models.CharField(max_length=32, blank=True)
+    slurm_cluster_name = models.CharField(max_length=64, blank=True)
+    accounting_available = models.BooleanField(null=True)
+
+    sync_status = models.CharField(
+        max_length=16, choices=SyncStatus.choices, default=SyncStatus.NEVER
+    )
+    last_sync_at = models.DateTimeField(null=True, blank=True)
+    last_sync_ok_at = models.DateTimeField(null=True, blank=True)
+    last_sync_error = models.TextField(blank=True)
+    sync_failures = models.PositiveIntegerField(
+        default=0, help_text="Consecutive failed syncs; drives the retry back-off."
+    )
+    next_sync_at = models.DateTimeField(null=True, blank=True)
+
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["is_default"], condition=Q(is_default=True), name="one_default_cluster"
+            ),
+            models.UniqueConstraint(
+                fields=["ssh_host", "ssh_port", "ssh_user"], name="cluster_unique_login"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Partition(models.Model):
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="partitions")
+    name = models.CharField(max_length=64)
+    nodes_expression = models.CharField(max_length=1024, blank=True)
+    is_default = models.BooleanField(default=False)
+    state = models.CharField(max_length=32, blank=True)
+    max_time_minutes = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Empty means unlimited."
+    )
+    total_cpus = models.PositiveIntegerField(default=0)
+    total_nodes = models.PositiveIntegerField(default=0)
+    gone = models.BooleanField(default=False)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["cluster", "name"]
+        constraints = [
+            models.UniqueConstraint(fields=["cluster", "name"], name="partition_unique_name")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.cluster.name}/{self.name}"
+
+
+class Switch(models.Model):
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="switches")
+    name = models.CharField(max_length=128)
+    level = models.PositiveSmallIntegerField(
+        default=0, help_text="0 = leaf, higher = closer to the root."
+    )
+    parent = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="children"
+    )
+    link_speed = models.PositiveIntegerField(null=True, blank=True)
+    gone = models.BooleanField(default=False)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["cluster", "-level", "name"]
+        verbose_name_plural = "switches"
+        constraints = [
+            models.UniqueConstraint(fields=["cluster", "name"], name="switch_unique_name")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.cluster.name}/{self.name}"
+
+
+class Node(models.Model):
+    class State(models.TextChoices):
+        IDLE = "idle"
+        MIXED = "mixed"
+        ALLOCATED = "allocated"
+        COMPLETING = "completing"
+        DRAINING = "draining"
+        DRAINED = "drained"
+        DOWN = "down"
+        RESERVED = "reserved"
+        FUTURE = "future"
+        UNKNOWN = "unknown"
+        GONE = "gone", "gone (no longer reported by Slurm)"
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="nodes")
+    name = models.CharField(max_length=128)
+    address = models.CharField(max_length=255, blank=True)
+    state = models.CharField(max_length=16, choices=State.choices, default=State.UNKNOWN)
+    state_flags = models.JSONField(default=list, blank=True)
+    reason = models.CharField(max_length=512, blank=True)
+    cpus_total = models.PositiveIntegerField(default=0)
+    cpus_alloc = models.PositiveIntegerField(default=0)
+    memory_mb = models.PositiveIntegerField(default=0)
+    memory_alloc_mb = models.PositiveIntegerField(default=0)
+    features = models.JSONField(default=list, blank=True)
+    partitions = models.JSONField(default=list, blank=True)
+    leaf_switch = models.ForeignKey(
+        Switch, null=True, blank=True, on_delete=models.SET_NULL, related_name="nodes"
+    )
+    last_seen_at = models.DateTimeField(null=True, blank=True)
+    state_changed_at = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["cluster", "name"]
+        constraints = [
+            models.UniqueConstraint(fields=["cluster", "name"], name="node_unique_name"),
+            models.CheckConstraint(
+                condition=Q(cpus_alloc__lte=models.F("cpus_total")), name="node_cpus_alloc_le_total"
+            ),
+        ]
+        indexes = [models.Index(fields=["cluster", "state"], name="node_cluster_state")]
+
+    def __str__(self) -> str:
+        return f"{self.cluster.name}/{self.name}"
+
+    @property
+    def is_schedulable(self) -> bool:
+        return self.state in {self.State.IDLE, self.State.MIXED}
+
+    @property
+    def gpu_count(self) -> int:
+        return len(self.gpus.all())
+
+    def memory_per_gpu_mb(self, gpu_count: int) -> int | None:
+        return self.memory_mb // gpu_count if gpu_count else None
+
+    def cpus_per_gpu(self, gpu_count: int) -> float | None:
+        return self.cpus_total / gpu_count if gpu_count else None
+
+
+class Gpu(models.Model):
+    class State(models.TextChoices):
+        FREE = "free"
+        ALLOCATED = "allocated"
+        UNHEALTHY = "unhealthy"
+        UNKNOWN = "unknown"
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="gpus")
+    index = models.PositiveSmallIntegerField()
+    gpu_type = models.CharField("type", max_length=64, blank=True)
+    memory_mb = models.PositiveIntegerField(null=True, blank=True)
+    state = models.CharField(max_length=16, choices=State.choices, default=State.UNKNOWN)
+    health = models.CharField(max_length=255, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["node", "index"]
+        verbose_name = "GPU"
+        constraints = [models.UniqueConstraint(fields=["node", "index"], name="gpu_unique_index")]
+        indexes = [models.Index(fields=["gpu_type", "state"], name="gpu_type_state")]
+
+    def __str__(self) -> str:
+        return f"{self.node}/gpu{self.index} ({self.gpu_type or 'gpu'})"
+
+
+class Link(models.Model):
+    """A connection: GPU↔GPU inside a node, node→switch, or switch→switch."""
+
+    class Kind(models.TextChoices):
+        NVLINK = "nvlink", "NVLink"
+        PCIE = "pcie", "PCIe"
+        INFINIBAND = "infiniband", "InfiniBand"
+        ETHERNET = "ethernet", "Ethernet"
+        UNKNOWN = "unknown", "unknown"
+
+    class Scope(models.TextChoices):
+        INTRA_NODE = "intra_node", "GPU to GPU inside a node"
+        NODE_SWITCH = "node_switch", "node to switch"
+        SWITCH_SWITCH = "switch_switch", "switch to switch"
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="links")
+    scope = models.CharField(max_length=16, choices=Scope.choices)
+    kind = models.CharField(max_length=16, choices=Kind.choices, default=Kind.UNKNOWN)
+    bandwidth_gbps = models.FloatField(null=True, blank=True)
+    node = models.ForeignKey(
+        Node, null=True, blank=True, on_delete=models.CASCADE, related_name="links"
+    )
+    gpu_a = models.ForeignKey(
+        Gpu, null=True, blank=True, on_delete=models.CASCADE, related_name="+"
+    )
+    gpu_b = models.ForeignKey(
+        Gpu, null=True, blank=True, on_delete=models.CASCADE, related_name="+"
+    )
+    switch = models.ForeignKey(
+        Switch, null=True, blank=True, on_delete=models.CASCADE, related_name="links"
+    )
+    upper_switch = models.ForeignKey(
+        Switch, null=True, blank=True, on_delete=models.CASCADE, related_name="uplinks"
+    )
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(
+                name="link_endpoints_match_scope",
+                condition=(
+                    Q(
+                        scope="intra_node",
+                        gpu_a__isnull=False,
+                        gpu_b__isnull=False,
+                        node__isnull=False,
+                    )
+                    | Q(scope="node_switch", node__isnull=False, switch__isnull=False)
+                    | Q(scope="switch_switch", switch__isnull=False, upper_switch__isnull=False)
+                ),
+            ),
+            models.UniqueConstraint(
+                fields=["node", "switch"],
+                condition=Q(scope="node_switch"),
+                name="link_unique_node_switch",
+            ),
+            models.UniqueConstraint(
+                fields=["switch", "upper_switch"],
+                condition=Q(scope="switch_switch"),
+                name="link_unique_switch_switch",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        if self.scope == self.Scope.INTRA_NODE:
+            return f"{self.gpu_a} ↔ {self.gpu_b} ({self.get_kind_display()})"
+        if self.scope == self.Scope.NODE_SWITCH:
+            return f"{self.node} → {self.switch} ({self.get_kind_display()})"
+        return f"{self.switch} → {self.upper_switch} ({self.get_kind_display()})"
+
+
+class NodeEvent(models.Model):
+    """A change seen on a node: its state, its reason, or an operator action."""
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="events")
+    at = models.DateTimeField(auto_now_add=True)
+    kind = models.CharField(max_length=32)
+    from_state = models.CharField(max_length=16, blank=True)
+    to_state = models.CharField(max_length=16, blank=True)
+    message = models.CharField(max_length=512, blank=True)
+
+    class Meta:
+        ordering = ["-at", "-id"]
+        indexes = [models.Index(fields=["node", "-at"], name="nodeevent_node_at")]
+
+    def __str__(self) -> str:
+        return f"{self.node}: {self.kind} {self.from_state}→{self.to_state}"

@@ -1,0 +1,96 @@
+"""Start a real Celery worker (and beat, where a test needs it) against the test database."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def database_url_for(settings_dict: dict[str, Any]) -> str:
+    engine = settings_dict["ENGINE"]
+    if engine.endswith("sqlite3"):
+        return f"sqlite:///{settings_dict['NAME']}"
+    user = settings_dict.get("USER") or ""
+    password = settings_dict.get("PASSWORD") or ""
+    auth = f"{user}:{password}@" if password else (f"{user}@" if user else "")
+    port = f":{settings_dict['PORT']}" if settings_dict.get("PORT") else ""
+    return (
+        f"postgres://{auth}{settings_dict.get('HOST') or '127.0.0.1'}{port}/{settings_dict['NAME']}"
+    )
+
+
+class CeleryProcess:
+    def __init__(self, argv: list[str], env: dict[str, str], log_path: Path) -> None:
+        self.log_path = log_path
+        self._log = log_path.open("wb")
+        self.process = subprocess.Popen(
+            argv, cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT
+        )
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=10)
+        self._log.close()
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash would: no clean shutdown, no acks."""
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=10)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+def start_worker(
+    *, database_url: str, log_path: Path, extra_env: dict[str, str] | None = None, name: str = "w1"
+) -> CeleryProcess:
+    env = dict(os.environ)
+    env.update(
+        {
+            "DJANGO_SETTINGS_MODULE": "controlplane.settings_test",
+            "DATABASE_URL": database_url,
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
+    env.update(extra_env or {})
+    argv = [
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "controlplane",
+        "worker",
+        "--pool=solo",
+        "--concurrency=1",
+        "--without-gossip",
+        "--without-mingle",
+        f"--hostname={name}@%h",
+        "--loglevel=INFO",
+    ]
+    return CeleryProcess(argv, env, log_path)
+
+
+def wait_until(
+    predicate: Any, *, timeout: float, interval: float = 0.2, what: str = "condition"
+) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)

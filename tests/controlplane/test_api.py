@@ -1,0 +1,92 @@
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.test import Client
+from rest_framework.test import APIClient
+
+from controlplane.audit import audit_event_record
+from controlplane.models import AuditEvent
+
+pytestmark = pytest.mark.django_db
+
+
+def assert_error_shape(body: Any) -> None:
+    assert set(body) == {"message", "extra"}, body
+    assert isinstance(body["message"], str) and body["message"]
+    assert isinstance(body["extra"], dict)
+
+
+def test_me_reports_the_role(operator_api: APIClient, researcher_api: APIClient) -> None:
+    assert operator_api.get("/api/v1/me/").json()["role"] == "operator"
+    assert researcher_api.get("/api/v1/me/").json() == {
+        "username": "rita-researcher",
+        "role": "researcher",
+        "is_staff": False,
+    }
+
+
+def test_anonymous_gets_401_or_403_in_the_error_shape(anonymous_api: APIClient) -> None:
+    response = anonymous_api.get("/api/v1/me/")
+    assert response.status_code in (401, 403)
+    assert_error_shape(response.json())
+
+
+def test_unknown_api_path_is_a_json_404(client: Client) -> None:
+    response = client.get("/api/v1/no-such-thing/")
+    assert response.status_code == 404
+    assert_error_shape(response.json())
+
+
+def test_token_authentication(researcher: Any) -> None:
+    from rest_framework.authtoken.models import Token
+
+    token = Token.objects.create(user=researcher)
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Token {token.key}")
+    assert client.get("/api/v1/me/").json()["username"] == researcher.username
+    client.credentials(HTTP_AUTHORIZATION="Token wrong")
+    response = client.get("/api/v1/me/")
+    assert response.status_code == 401
+    assert_error_shape(response.json())
+
+
+def test_audit_log_is_operator_only_and_cursor_paginated(
+    operator: Any, operator_api: APIClient, researcher_api: APIClient
+) -> None:
+    for number in range(7):
+        audit_event_record(actor=operator, action="test.event", details={"n": number})
+
+    denied = researcher_api.get("/api/v1/audit-events/")
+    assert denied.status_code == 403
+    assert_error_shape(denied.json())
+    assert denied.json()["message"] == "Only operators may do this."
+
+    first = operator_api.get("/api/v1/audit-events/?page_size=5").json()
+    assert [row["details"]["n"] for row in first["results"]] == [6, 5, 4, 3, 2]
+    assert first["next"] and "cursor=" in first["next"]
+    second = operator_api.get(first["next"]).json()
+    assert [row["details"]["n"] for row in second["results"]] == [1, 0]
+    assert second["next"] is None
+    assert AuditEvent.objects.count() == 7
+
+
+def test_validation_errors_name_the_field(operator_api: APIClient) -> None:
+    response = operator_api.get("/api/v1/audit-events/?page_size=5&cursor=garbage")
+    assert response.status_code == 404
+    assert_error_shape(response.json())
+
+
+def test_openapi_schema_and_docs(researcher: Any, client: Client) -> None:
+    client.force_login(researcher)
+    schema = client.get("/api/schema/?format=json")
+    assert schema.status_code == 200
+    document = schema.json()
+    assert document["info"]["title"] == "Gantry API"
+    assert "/api/v1/me/" in document["paths"]
+    docs = client.get("/api/docs/")
+    assert docs.status_code == 200
+    # Served from our own static files: no CDN on a closed network.
+    assert "swagger-ui" in docs.content.decode()
+    assert "cdn." not in docs.content.decode()
