@@ -166,7 +166,9 @@ CELERY_TASK_TIME_LIMIT = envint("GANTRY_TASK_TIME_LIMIT", 300, minimum=15)
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": CELERY_TASK_TIME_LIMIT * 3}
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TASK_ALWAYS_EAGER = False
-CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {}
+CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
+    "clusters-sync-due": {"task": "nodes.clusters_sync_due", "schedule": 2.0},
+}
 
 # Cluster access. Private keys and known_hosts files live here, 0600, never in the database.
 SSH_DIR = DATA_DIR / "ssh"

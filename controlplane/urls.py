@@ -8,17 +8,34 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from controlplane import views
 from controlplane.api_views import AuditEventListApi, MeApi
 from jobs import views as job_views
+from nodes import api as node_api
 from nodes import views as node_views
 
 api_v1 = [
     path("me/", MeApi.as_view(), name="me"),
     path("audit-events/", AuditEventListApi.as_view(), name="audit-event-list"),
+    path("clusters/", node_api.ClusterListApi.as_view(), name="cluster-list"),
+    path("clusters/register/", node_api.ClusterRegisterApi.as_view(), name="cluster-register"),
+    path("clusters/<int:cluster_id>/", node_api.ClusterDetailApi.as_view(), name="cluster-detail"),
+    path(
+        "clusters/<int:cluster_id>/probe/", node_api.ClusterProbeApi.as_view(), name="cluster-probe"
+    ),
+    path("clusters/<int:cluster_id>/sync/", node_api.ClusterSyncApi.as_view(), name="cluster-sync"),
+    path("nodes/", node_api.NodeListApi.as_view(), name="node-list"),
+    path("nodes/<int:node_id>/", node_api.NodeDetailApi.as_view(), name="node-detail"),
+    path("nodes/<int:node_id>/drain/", node_api.NodeDrainApi.as_view(), name="node-drain"),
+    path("nodes/<int:node_id>/resume/", node_api.NodeResumeApi.as_view(), name="node-resume"),
+    path("gpus/", node_api.GpuListApi.as_view(), name="gpu-list"),
+    path("topology/", node_api.TopologyApi.as_view(), name="topology"),
 ]
 
 urlpatterns = [
     path("", views.overview, name="overview"),
     path("nodes/", node_views.node_list_page, name="node-list"),
     path("nodes/<int:node_id>/", node_views.node_detail_page, name="node-detail"),
+    path("nodes/<int:node_id>/drain/", node_views.node_drain_action, name="node-drain"),
+    path("nodes/<int:node_id>/resume/", node_views.node_resume_action, name="node-resume"),
+    path("clusters/<int:cluster_id>/sync/", node_views.cluster_sync_action, name="cluster-sync"),
     path("topology/", node_views.topology_page, name="topology"),
     path("jobs/", job_views.job_list_page, name="job-list"),
     path("drills/", job_views.drill_list_page, name="drill-list"),

@@ -123,6 +123,15 @@ class Job(models.Model):
         return self.nodes * self.tasks_per_node
 
     @property
+    def allocated_node_names(self) -> list[str]:
+        from nodes.slurm.hostlist import expand
+
+        try:
+            return expand(self.allocated_nodes) if self.allocated_nodes else []
+        except ValueError:
+            return []
+
+    @property
     def progress(self) -> float | None:
         if not self.total_steps or self.last_step is None:
             return None

@@ -1,11 +1,17 @@
 from __future__ import annotations
 
-from django.contrib import admin
+from typing import Any
+
+from django import forms
+from django.contrib import admin, messages
+from django.contrib.admin.helpers import ActionForm
 from django.db.models import Count, Q, QuerySet
 from django.http import HttpRequest
 
 from controlplane.admin_helpers import admin_changelist_link, admin_link
+from controlplane.errors import ApplicationError
 from nodes.models import Cluster, Gpu, Link, Node, NodeEvent, Partition, Switch
+from nodes.services import cluster_register, cluster_sync_request, node_drain, node_resume
 
 # What Slurm owns: shown, never edited by hand (the next sync would undo it anyway).
 NODE_SLURM_FIELDS = (
@@ -46,6 +52,74 @@ class PartitionInline(admin.TabularInline):
 
     def has_add_permission(self, request: HttpRequest, obj: object = None) -> bool:
         return False
+
+
+class ClusterRegisterForm(forms.ModelForm):
+    """Registering a cluster connects to it: the host key is fetched and pinned, Slurm probed."""
+
+    private_key = forms.CharField(
+        widget=forms.Textarea(attrs={"rows": 6, "cols": 70}),
+        help_text="Unencrypted private key (OpenSSH or PEM). Stored 0600 in the data directory, "
+        "never in the database, never shown again.",
+    )
+    expected_fingerprint = forms.CharField(
+        required=False,
+        help_text="The login node's host key fingerprint (SHA256:...). Registration is refused "
+        "if the server presents another key. Empty: the key seen is pinned and shown.",
+    )
+
+    class Meta:
+        model = Cluster
+        fields = [
+            "name",
+            "description",
+            "is_default",
+            "ssh_host",
+            "ssh_port",
+            "ssh_user",
+            "workdir",
+            "python",
+            "default_partition",
+        ]
+
+    def __init__(self, *args: Any, request: HttpRequest | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.request = request
+        self.registration: Any = None
+
+    def _post_clean(self) -> None:
+        # cluster_register validated and saved the row in clean(); the model's own
+        # uniqueness checks would now find that very row.
+        return
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        if self.errors:
+            return data
+        try:
+            self.registration = cluster_register(
+                actor=self.request.user if self.request else None,
+                name=data["name"],
+                description=data.get("description", ""),
+                ssh_host=data["ssh_host"],
+                ssh_port=data["ssh_port"],
+                ssh_user=data["ssh_user"],
+                private_key=data["private_key"],
+                workdir=data["workdir"],
+                python=data["python"],
+                default_partition=data.get("default_partition", ""),
+                expected_fingerprint=data.get("expected_fingerprint") or None,
+                is_default=data.get("is_default", False),
+            )
+        except ApplicationError as error:
+            field = getattr(error, "field", None)
+            target = field if field in self.fields else None
+            if field == "host_key_fingerprint":
+                target = "expected_fingerprint"
+            raise forms.ValidationError(
+                {target: error.message} if target else error.message
+            ) from None
+        return data
 
 
 @admin.register(Cluster)
@@ -109,6 +183,74 @@ class ClusterAdmin(admin.ModelAdmin):
         ),
     ]
     inlines = [PartitionInline]
+    actions = ["sync_now"]
+
+    def get_form(
+        self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any
+    ) -> Any:
+        if obj is None:
+            form_class = ClusterRegisterForm
+
+            class BoundForm(form_class):  # type: ignore[valid-type,misc]
+                def __init__(self, *args: Any, **kw: Any) -> None:
+                    super().__init__(*args, request=request, **kw)
+
+            return BoundForm
+        return super().get_form(request, obj, change=change, **kwargs)
+
+    def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
+        if obj is None:
+            return [
+                (None, {"fields": ["name", "description", "is_default"]}),
+                (
+                    "Login (Gantry connects now to pin the host key and probe Slurm)",
+                    {
+                        "fields": [
+                            "ssh_host",
+                            "ssh_port",
+                            "ssh_user",
+                            "private_key",
+                            "expected_fingerprint",
+                        ]
+                    },
+                ),
+                ("On the cluster", {"fields": ["workdir", "python", "default_partition"]}),
+            ]
+        return super().get_fieldsets(request, obj)
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        if obj is None:
+            return []
+        # The login is pinned together with its host key: re-register to change it.
+        return [*self.readonly_fields, "ssh_host", "ssh_port", "ssh_user", "ssh_key_name"]
+
+    def save_model(self, request: HttpRequest, obj: Cluster, form: Any, change: bool) -> None:
+        if change:
+            super().save_model(request, obj, form, change)
+            return
+        # cluster_register saved it already; point the admin at the saved row.
+        registered = form.registration.cluster
+        obj.pk = registered.pk
+        obj.refresh_from_db()
+        messages.info(
+            request,
+            f"Pinned host key {registered.host_key_type} {form.registration.fingerprint_seen}; "
+            f"Slurm {form.registration.info.slurm_version}. The first sync is on its way.",
+        )
+
+    def get_inline_instances(self, request: HttpRequest, obj: Any = None) -> Any:
+        # Partitions come from the probe; there is nothing to enter on the add page.
+        return super().get_inline_instances(request, obj) if obj is not None else []
+
+    def save_related(self, request: HttpRequest, form: Any, formsets: Any, change: bool) -> None:
+        if change:
+            super().save_related(request, form, formsets, change)
+
+    @admin.action(description="Sync the selected clusters now")
+    def sync_now(self, request: HttpRequest, queryset: QuerySet[Cluster]) -> None:
+        for cluster in queryset:
+            cluster_sync_request(actor=request.user, cluster=cluster)
+        self.message_user(request, f"Sync requested for {queryset.count()} cluster(s).")
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Cluster]:
         return (
@@ -172,6 +314,10 @@ class PartitionAdmin(admin.ModelAdmin):
     ]
 
 
+class NodeActionForm(ActionForm):
+    reason = forms.CharField(required=False, max_length=255, help_text="required to drain")
+
+
 class GpuInline(admin.TabularInline):
     model = Gpu
     extra = 0
@@ -216,6 +362,27 @@ class NodeAdmin(admin.ModelAdmin):
     readonly_fields = NODE_SLURM_FIELDS
     fields = NODE_SLURM_FIELDS
     inlines = [GpuInline, NodeEventInline]
+    actions = ["drain_nodes", "resume_nodes"]
+    action_form = NodeActionForm
+
+    @admin.action(description="Drain the selected nodes (give a reason above)")
+    def drain_nodes(self, request: HttpRequest, queryset: QuerySet[Node]) -> None:
+        reason = request.POST.get("reason", "")
+        for node in queryset.select_related("cluster"):
+            try:
+                node_drain(actor=request.user, node=node, reason=reason)
+                self.message_user(request, f"{node.name}: {node.state}")
+            except ApplicationError as error:
+                self.message_user(request, f"{node.name}: {error.message}", messages.ERROR)
+
+    @admin.action(description="Resume the selected nodes")
+    def resume_nodes(self, request: HttpRequest, queryset: QuerySet[Node]) -> None:
+        for node in queryset.select_related("cluster"):
+            try:
+                node_resume(actor=request.user, node=node)
+                self.message_user(request, f"{node.name}: {node.state}")
+            except ApplicationError as error:
+                self.message_user(request, f"{node.name}: {error.message}", messages.ERROR)
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Node]:
         return (

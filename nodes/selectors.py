@@ -23,6 +23,9 @@ def node_list(
     nodes = (
         Node.objects.select_related("cluster", "leaf_switch")
         .prefetch_related(Prefetch("gpus", queryset=Gpu.objects.order_by("index")))
+        .annotate(
+            gpu_allocated=Count("gpus", filter=Q(gpus__state=Gpu.State.ALLOCATED), distinct=True)
+        )
         .order_by("cluster__name", "name")
     )
     if not include_gone and state != Node.State.GONE:
@@ -81,7 +84,9 @@ def switch_tree(*, cluster: Cluster) -> list[Switch]:
         Switch.objects.filter(cluster=cluster, gone=False).prefetch_related(
             Prefetch(
                 "nodes",
-                queryset=Node.objects.exclude(state=Node.State.GONE).prefetch_related("gpus"),
+                queryset=Node.objects.exclude(state=Node.State.GONE)
+                .order_by("name")
+                .prefetch_related(Prefetch("gpus", queryset=Gpu.objects.order_by("index"))),
             )
         )
     )

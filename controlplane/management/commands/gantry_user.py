@@ -64,7 +64,7 @@ class Command(BaseCommand):
         if options["operator"]:
             user.is_staff = True
         user.save()
-        if not Group.objects.filter(name__in=[OPERATORS, RESEARCHERS]).count() == 2:
+        if Group.objects.filter(name__in=[OPERATORS, RESEARCHERS]).count() != 2:
             roles_sync()
         if options["operator"]:
             user.groups.add(Group.objects.get(name=OPERATORS))

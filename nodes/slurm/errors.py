@@ -1,0 +1,219 @@
+"""One exception hierarchy for everything the Slurm adapter can fail with.
+
+Every class carries ``transient``: ``True`` means "the same call may well succeed
+if retried later" (a dropped link, a timeout, a busy controller), ``False`` means
+"retrying will not help until a person changes something" (a refused host key,
+a wrong user or key, Slurm missing, a rejected job, output we cannot read).
+Celery tasks retry on ``TRANSIENT_ERRORS`` only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+class SlurmError(Exception):
+    """Base class of every error raised by ``nodes.slurm``."""
+
+    transient: bool = False
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class SshError(SlurmError):
+    """Something went wrong on the SSH link itself."""
+
+
+class SshTransientError(SshError):
+    """Connection refused, timed out, reset, EOF, channel closed: worth a retry."""
+
+    transient = True
+
+
+class SshCommandTimeout(SshTransientError):
+    """A remote command ran past its time limit; its channel was closed."""
+
+    def __init__(self, message: str, *, argv: Sequence[str], timeout: float) -> None:
+        super().__init__(message)
+        self.argv = list(argv)
+        self.timeout = timeout
+
+
+class SshConfigurationError(SshError):
+    """The SSH settings cannot work as given (unresolvable host, unreadable file)."""
+
+
+class SshAuthenticationError(SshError):
+    """The server refused our user/key, or the private key cannot be used."""
+
+
+class HostKeyError(SshError):
+    """The server's host key is not the pinned one. Never retried."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        host: str,
+        port: int,
+        key_type: str,
+        fingerprint_seen: str,
+        fingerprint_expected: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.host = host
+        self.port = port
+        self.key_type = key_type
+        self.fingerprint_seen = fingerprint_seen
+        self.fingerprint_expected = fingerprint_expected
+
+
+class HostKeyUnknown(HostKeyError):
+    """No pinned key for this host in our known_hosts file."""
+
+
+class HostKeyMismatch(HostKeyError):
+    """The host presented a key different from the pinned one."""
+
+
+class SftpError(SshError):
+    """An SFTP operation failed for a reason other than the link."""
+
+
+class RemoteFileNotFound(SftpError):
+    """The remote path does not exist."""
+
+    def __init__(self, message: str, *, path: str) -> None:
+        super().__init__(message)
+        self.path = path
+
+
+class SlurmCommandError(SlurmError):
+    """A remote command exited non-zero."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        argv: Sequence[str],
+        rc: int,
+        stdout: str = "",
+        stderr: str = "",
+    ) -> None:
+        super().__init__(message)
+        self.argv = list(argv)
+        self.rc = rc
+        self.stdout = stdout
+        self.stderr = stderr
+
+
+class SlurmNotFound(SlurmCommandError):
+    """The Slurm command is not installed (or not on PATH) on the login host."""
+
+
+class SlurmPermissionDenied(SlurmCommandError):
+    """Slurm refused the operation for this user (e.g. draining a node needs an
+    operator/admin account: ``sacctmgr modify user <u> set AdminLevel=Operator``)."""
+
+
+class SlurmControllerUnavailable(SlurmCommandError):
+    """slurmctld/slurmdbd did not answer (down, restarting, overloaded): retry later."""
+
+    transient = True
+
+
+class SlurmParseError(SlurmError):
+    """Output we could not make sense of; ``snippet`` shows the offending text."""
+
+    def __init__(self, what: str, snippet: str, detail: str = "") -> None:
+        shown = snippet if len(snippet) <= 200 else snippet[:200] + "…"
+        message = f"cannot parse {what}: {shown!r}"
+        if detail:
+            message += f" ({detail})"
+        super().__init__(message)
+        self.what = what
+        self.snippet = snippet
+        self.detail = detail
+
+
+# The only errors a task should retry.
+TRANSIENT_ERRORS: tuple[type[SlurmError], ...] = (SshTransientError, SlurmControllerUnavailable)
+
+
+def is_transient(error: BaseException) -> bool:
+    """True when ``error`` is one of ours and worth retrying."""
+    return isinstance(error, SlurmError) and error.transient
+
+
+# stderr fragments that mean "the controller or the database did not answer".
+_CONTROLLER_DOWN_MARKERS = (
+    "unable to contact slurm controller",
+    "socket timed out on send/recv operation",
+    "zero bytes were transmitted or received",
+    "slurm backup controller in standby mode",
+    "slurmctld is not responding",
+    "connection refused",
+    "unable to connect to database",
+    "slurmdbd: connection refused",
+    "problem talking to the database",
+)
+
+
+# stderr fragments that mean "you are not allowed to do this".
+_PERMISSION_MARKERS = (
+    "invalid user id",
+    "access/permission denied",
+    "access denied",
+    "permission denied",
+    "user not authorized",
+)
+
+
+def command_error(argv: Sequence[str], rc: int, stdout: str, stderr: str) -> SlurmCommandError:
+    """Classify a failed remote command into the most specific error class."""
+    program = argv[0] if argv else "?"
+    if program == "env":
+        # ``env VAR=value prog ...``: name the real program in messages.
+        program = next((part for part in argv[1:] if "=" not in part), program)
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    # Slurm often puts the cause on the last line ("Batch job submission failed: ...").
+    first_line = " / ".join(lines[-3:])[:400]
+    if rc in (126, 127) and ("not found" in stderr.lower() or rc == 127):
+        return SlurmNotFound(
+            f"{program!s} is not available on the cluster's login host "
+            f"(exit {rc}: {first_line or 'command not found'}); is Slurm installed and on PATH?",
+            argv=argv,
+            rc=rc,
+            stdout=stdout,
+            stderr=stderr,
+        )
+    lowered = stderr.lower()
+    if any(marker in lowered for marker in _CONTROLLER_DOWN_MARKERS):
+        return SlurmControllerUnavailable(
+            f"{program} could not reach the Slurm controller or database (exit {rc}): {first_line}",
+            argv=argv,
+            rc=rc,
+            stdout=stdout,
+            stderr=stderr,
+        )
+    if any(marker in lowered for marker in _PERMISSION_MARKERS):
+        return SlurmPermissionDenied(
+            f"{program} was refused by Slurm for this user (exit {rc}): {first_line}; "
+            "the cluster account needs Slurm operator rights for this",
+            argv=argv,
+            rc=rc,
+            stdout=stdout,
+            stderr=stderr,
+        )
+    return SlurmCommandError(
+        f"{program} failed (exit {rc}): {first_line or '(no error output)'}",
+        argv=argv,
+        rc=rc,
+        stdout=stdout,
+        stderr=stderr,
+    )

@@ -1,0 +1,188 @@
+"""Command line: ``python -m trainer {train,drill,verify,describe,presets}``.
+
+Exit codes: 0 ok; 1 failed (drill verdict failed, verify found a bad checkpoint, a checkpoint
+save failed); 2 invalid input (config, unusable --resume checkpoint, bad arguments);
+3 infrastructure error (distributed init, unexpected exception).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import traceback
+from typing import Any
+
+EXIT_OK, EXIT_FAILED, EXIT_INPUT, EXIT_INFRA = 0, 1, 2, 3
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> Any:  # one line, exit 2
+        self.exit(EXIT_INPUT, f"trainer: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="python -m trainer", description="Gantry's bundled trainer")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    t = sub.add_parser("train", help="train (single process, torchrun or srun)")
+    t.add_argument("--config", help="JSON config (optional with --resume: use the checkpoint's)")
+    t.add_argument("--run-dir", required=True)
+    t.add_argument("--resume", help="checkpoint directory or 'latest'")
+    d = sub.add_parser("drill", help="restore drill: verify, load, run K steps, compare")
+    d.add_argument("--checkpoint", required=True)
+    d.add_argument("--reference", required=True, help="metrics.jsonl of the original run")
+    d.add_argument("--steps", type=int, required=True)
+    d.add_argument("--out", required=True, help="drill.json path")
+    d.add_argument("--tolerance", type=float, default=1e-4, help="relative, tolerance mode")
+    d.add_argument("--mode", choices=["auto", "exact", "tolerance"], default="auto")
+    v = sub.add_parser("verify", help="checkpoint integrity (manifest, sizes, hashes, keys)")
+    v.add_argument("--checkpoint", required=True)
+    v.add_argument("--json", action="store_true")
+    v.add_argument("--shallow", action="store_true", help="skip loading files to check keys")
+    sub.add_parser("describe", help="versions, devices, backend (JSON)")
+    sub.add_parser("presets", help="print the config presets and defaults (JSON)")
+    c = sub.add_parser("check-config", help="validate a config file; print the full config")
+    c.add_argument("config")
+    return p
+
+
+def _err(msg: str) -> None:
+    print(f"trainer: error: {msg}", file=sys.stderr, flush=True)
+
+
+def _cmd_verify(args: argparse.Namespace) -> int:
+    from .checkpoint import verify
+
+    rep = verify(args.checkpoint, deep=not args.shallow)
+    if args.json:
+        print(json.dumps(rep, indent=2, sort_keys=True))
+    else:
+        status = "OK" if rep["ok"] else "BAD"
+        print(
+            f"{status} {rep['path']}  step={rep['step']} world_size={rep['world_size_at_save']}"
+            f" bytes={rep['bytes']} ({rep['time_s']:.2f}s)"
+        )
+        for f in rep["files"]:
+            flag = (
+                "ok"
+                if f["exists"] and f["size_ok"] and f["sha256_ok"] and f["keys_ok"] is not False
+                else "BAD"
+            )
+            print(f"  {flag:3} {f['name']} rank={f['rank']} size={f['size']}")
+        if not rep["ok"]:
+            print(f"reason [{rep['reason_code']}]: {rep['reason']}")
+    return EXIT_OK if rep["ok"] else EXIT_FAILED
+
+
+def _run_distributed(args: argparse.Namespace) -> tuple[int, bool]:
+    """train/drill: returns (exit code, distributed-was-initialised)."""
+    from . import config as cfgmod
+
+    cfg = None
+    if args.command == "train":
+        if args.config is None and args.resume is None:
+            _err("train needs --config (or --resume to use the checkpoint's config)")
+            return EXIT_INPUT, False
+        if args.config is not None:
+            try:
+                cfg = cfgmod.load_file(args.config)
+            except cfgmod.ConfigError as exc:
+                _err(f"invalid config: {exc.key}: {exc.why}")
+                return EXIT_INPUT, False
+    elif args.steps < 1:
+        _err("--steps must be >= 1")
+        return EXIT_INPUT, False
+
+    from . import dist
+
+    env = dist.detect()
+    dist.set_threads(env)
+    want = cfg.device if cfg is not None else "auto"
+    device = dist.pick_device(env, want)
+    backend = dist.init(env, device)
+    try:
+        if args.command == "train":
+            from .train import train
+
+            code = train(cfg, args.run_dir, args.resume, env, device, backend)
+        else:
+            from .drill import run
+
+            code = run(
+                args.checkpoint,
+                args.reference,
+                args.steps,
+                args.out,
+                env,
+                device,
+                backend,
+                tolerance=args.tolerance,
+                mode=args.mode,
+            )
+    finally:
+        dist.teardown()
+    return code, backend is not None
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "presets":
+        from .config import DEFAULTS, PRESETS
+
+        print(json.dumps({"presets": PRESETS, "defaults": DEFAULTS}, indent=2))
+        return EXIT_OK
+    if args.command == "check-config":
+        from .config import ConfigError, load_file
+
+        try:
+            print(json.dumps(load_file(args.config).to_dict(), indent=2))
+        except ConfigError as exc:
+            _err(f"invalid config: {exc.key}: {exc.why}")
+            return EXIT_INPUT
+        return EXIT_OK
+    if args.command == "describe":
+        from .dist import describe
+
+        print(json.dumps(describe(), indent=2))
+        return EXIT_OK
+    if args.command == "verify":
+        return _cmd_verify(args)
+    distributed = False
+    try:
+        code, distributed = _run_distributed(args)
+    except Exception as exc:
+        traceback.print_exc()
+        _err(f"{type(exc).__name__}: {exc}")
+        if args.command == "drill":
+            _write_infra_drill(args, exc)
+        code = EXIT_INFRA
+    if distributed or os.environ.get("TRAINER_HARD_EXIT") == "1":
+        # Work is durable (metrics closed, checkpoints waited for). Skip interpreter teardown,
+        # where a peer's gloo/NCCL abort could otherwise turn a finished run into a failure.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
+
+
+def _write_infra_drill(args: argparse.Namespace, exc: BaseException) -> None:
+    try:
+        from .checkpoint import atomic_write_json
+
+        rank = int(os.environ.get("SLURM_PROCID", os.environ.get("RANK", "0")) or 0)
+        if rank == 0:
+            atomic_write_json(
+                args.out,
+                {
+                    "schema": "gantry-trainer-drill/1",
+                    "verdict": "failed",
+                    "reason_code": "infrastructure_error",
+                    "reason": f"{type(exc).__name__}: {exc}",
+                    "steps": [],
+                    "ranks": [],
+                    "first_divergence": None,
+                },
+            )
+    except Exception as err:  # best effort: the exit code still says "infrastructure"
+        print(f"trainer: could not write {args.out}: {err}", file=sys.stderr)
