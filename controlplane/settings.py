@@ -168,6 +168,7 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TASK_ALWAYS_EAGER = False
 CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
     "clusters-sync-due": {"task": "nodes.clusters_sync_due", "schedule": 2.0},
+    "clusters-reconcile-due": {"task": "jobs.clusters_reconcile_due", "schedule": 1.0},
 }
 
 # Cluster access. Private keys and known_hosts files live here, 0600, never in the database.
@@ -176,6 +177,9 @@ SSH_CONNECT_TIMEOUT = envint("GANTRY_SSH_CONNECT_TIMEOUT", 10, minimum=1)
 SSH_COMMAND_TIMEOUT = envint("GANTRY_SSH_COMMAND_TIMEOUT", 60, minimum=1)
 SYNC_INTERVAL_SECONDS = envint("GANTRY_SYNC_INTERVAL", 30, minimum=2)
 RECONCILE_INTERVAL_SECONDS = envint("GANTRY_RECONCILE_INTERVAL", 5, minimum=1)
+SUBMIT_LEASE_SECONDS = envint("GANTRY_SUBMIT_LEASE", 120, minimum=5)
+SUBMIT_REQUEUE_AFTER_SECONDS = envint("GANTRY_SUBMIT_REQUEUE_AFTER", 60, minimum=5)
+JOB_LOST_AFTER_SECONDS = envint("GANTRY_JOB_LOST_AFTER", 600, minimum=30)
 DRILL_DEFAULT_STEPS = envint("GANTRY_DRILL_DEFAULT_STEPS", 5, minimum=1, maximum=10000)
 
 # REST API.

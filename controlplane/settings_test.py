@@ -24,8 +24,15 @@ if "DATABASE_URL" not in os.environ:
         "default": {
             "ENGINE": "django.db.backends.sqlite3",
             "NAME": str(DATA_DIR / "test.sqlite3"),
-            "TEST": {"NAME": str(DATA_DIR / "test-db.sqlite3")},
-            "OPTIONS": {"timeout": 20},
+            # One file per test run: two runs in one checkout never share (or delete) it.
+            "TEST": {"NAME": str(DATA_DIR / f"test-db-{os.getpid()}.sqlite3")},
+            # The same options as a sqlite DATABASE_URL gets: the worker under test opens
+            # this file through one, and both must agree on WAL.
+            "OPTIONS": {
+                "timeout": 20,
+                "transaction_mode": "IMMEDIATE",
+                "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+            },
         }
     }
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]

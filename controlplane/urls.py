@@ -7,6 +7,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from controlplane import views
 from controlplane.api_views import AuditEventListApi, MeApi
+from jobs import api as job_api
 from jobs import views as job_views
 from nodes import api as node_api
 from nodes import views as node_views
@@ -27,6 +28,21 @@ api_v1 = [
     path("nodes/<int:node_id>/resume/", node_api.NodeResumeApi.as_view(), name="node-resume"),
     path("gpus/", node_api.GpuListApi.as_view(), name="gpu-list"),
     path("topology/", node_api.TopologyApi.as_view(), name="topology"),
+    path("jobs/", job_api.JobListApi.as_view(), name="job-list"),
+    path("jobs/submit/", job_api.JobSubmitApi.as_view(), name="job-submit"),
+    path("jobs/preview/", job_api.JobPreviewApi.as_view(), name="job-preview"),
+    path("jobs/<uuid:job_id>/", job_api.JobDetailApi.as_view(), name="job-detail"),
+    path("jobs/<uuid:job_id>/cancel/", job_api.JobCancelApi.as_view(), name="job-cancel"),
+    path("jobs/<uuid:job_id>/resume/", job_api.JobResumeApi.as_view(), name="job-resume"),
+    path("jobs/<uuid:job_id>/metrics/", job_api.JobMetricsApi.as_view(), name="job-metrics"),
+    path(
+        "jobs/<uuid:job_id>/checkpoints/",
+        job_api.JobCheckpointsApi.as_view(),
+        name="job-checkpoints",
+    ),
+    path("jobs/<uuid:job_id>/logs/", job_api.JobLogsApi.as_view(), name="job-logs"),
+    path("jobs/<uuid:job_id>/events/", job_api.JobEventsApi.as_view(), name="job-events"),
+    path("trainer/presets/", job_api.TrainerPresetsApi.as_view(), name="trainer-presets"),
 ]
 
 urlpatterns = [
@@ -38,6 +54,15 @@ urlpatterns = [
     path("clusters/<int:cluster_id>/sync/", node_views.cluster_sync_action, name="cluster-sync"),
     path("topology/", node_views.topology_page, name="topology"),
     path("jobs/", job_views.job_list_page, name="job-list"),
+    path("jobs/new/", job_views.job_new_page, name="job-new"),
+    path("jobs/<uuid:job_id>/", job_views.job_detail_page, name="job-detail"),
+    path("jobs/<uuid:job_id>/status/", job_views.job_status_partial, name="job-status"),
+    path("jobs/<uuid:job_id>/cancel/", job_views.job_cancel_action, name="job-cancel"),
+    path(
+        "jobs/<uuid:job_id>/resume/<int:checkpoint_id>/",
+        job_views.job_resume_action,
+        name="job-resume",
+    ),
     path("drills/", job_views.drill_list_page, name="drill-list"),
     path(
         "accounts/login/",

@@ -70,6 +70,8 @@ class Job(models.Model):
     allocated_nodes = models.CharField(max_length=1024, blank=True)
     exit_code = models.IntegerField(null=True, blank=True)
     submit_attempts = models.PositiveSmallIntegerField(default=0)
+    # While a submit task holds the job, no other may start submitting it.
+    submit_lease_until = models.DateTimeField(null=True, blank=True)
 
     parent = models.ForeignKey(
         "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="children"
@@ -82,6 +84,12 @@ class Job(models.Model):
     last_step = models.PositiveIntegerField(null=True, blank=True)
     metrics_offset = models.BigIntegerField(default=0)
     acceptance = models.JSONField(null=True, blank=True)
+    target_reached_step = models.PositiveIntegerField(null=True, blank=True)
+    target_reached_elapsed_s = models.FloatField(null=True, blank=True)
+    optimal_loss = models.FloatField(null=True, blank=True)
+    target_loss = models.FloatField(null=True, blank=True)
+    # Set once the run directory was read after the job ended: nothing more will appear.
+    files_final = models.BooleanField(default=False)
 
     created_at = models.DateTimeField(auto_now_add=True)
     submitted_at = models.DateTimeField(null=True, blank=True)

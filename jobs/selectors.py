@@ -39,3 +39,84 @@ def restore_drill_list_for_user(*, user: Any) -> QuerySet[RestoreDrill]:
     if not getattr(user, "is_authenticated", False):
         return drills.none()
     return drills.filter(checkpoint__job__owner=user)
+
+
+METRIC_SERIES = (
+    "loss",
+    "samples_per_s",
+    "tokens_per_s",
+    "step_time_s",
+    "data_time_s",
+    "checkpoint_blocking_s",
+    "elapsed_s",
+)
+
+
+def job_metrics(
+    *,
+    job: Job,
+    step_min: int | None = None,
+    step_max: int | None = None,
+    max_points: int = 2000,
+) -> dict[str, Any]:
+    """Metric series for charts, at most ``max_points`` per series.
+
+    Over the limit, steps are grouped into equal buckets in SQL and each bucket becomes
+    one point (mean of each series, the bucket's last step): constant cost per request.
+    """
+    from django.db.models import Avg, Count, Max, Min
+
+    from jobs.models import MetricPoint
+
+    points = MetricPoint.objects.filter(job=job)
+    if step_min is not None:
+        points = points.filter(step__gte=step_min)
+    if step_max is not None:
+        points = points.filter(step__lte=step_max)
+    bounds = points.aggregate(lo=Min("step"), hi=Max("step"), n=Count("id"))
+    series_fields = list(METRIC_SERIES)
+    if not bounds["n"]:
+        rows: list[dict[str, Any]] = []
+        downsampled = False
+    elif bounds["n"] <= max_points:
+        rows = list(points.order_by("step").values("step", *series_fields))
+        downsampled = False
+    else:
+        lo, hi = bounds["lo"], bounds["hi"]
+        span = hi - lo + 1
+        from django.db.models import ExpressionWrapper, F, IntegerField
+
+        bucket = ExpressionWrapper(
+            (F("step") - lo) * max_points / span, output_field=IntegerField()
+        )
+        rows = list(
+            points.annotate(bucket=bucket)
+            .values("bucket")
+            .annotate(step=Max("step"), **{name: Avg(name) for name in series_fields})
+            .order_by("bucket")
+            .values("step", *series_fields)
+        )
+        downsampled = True
+    return {
+        "job": str(job.id),
+        "count": bounds["n"] or 0,
+        "downsampled": downsampled,
+        "step": [row["step"] for row in rows],
+        "series": {name: [row[name] for row in rows] for name in series_fields},
+        "optimal_loss": job.optimal_loss,
+        "target_loss": job.target_loss,
+        "target_reached_step": job.target_reached_step,
+    }
+
+
+def job_throughput_now(*, job: Job, window: int = 20) -> float | None:
+    """Mean samples/s over the last ``window`` logged steps (what 'current' means here)."""
+    from jobs.models import MetricPoint
+
+    recent = list(
+        MetricPoint.objects.filter(job=job)
+        .order_by("-step")
+        .values_list("samples_per_s", flat=True)[:window]
+    )
+    values = [value for value in recent if value is not None]
+    return sum(values) / len(values) if values else None

@@ -1,30 +1,195 @@
 from __future__ import annotations
 
-from django.contrib.auth.decorators import login_required
-from django.http import HttpRequest, HttpResponse
-from django.shortcuts import render
+import json
+import uuid
+from typing import Any
 
-from controlplane.roles import is_operator
-from jobs.models import Job
-from jobs.selectors import job_list_for_user, restore_drill_list_for_user
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.shortcuts import render
+from django.urls import reverse
+from django.views.decorators.http import require_POST
+
+from controlplane.errors import ApplicationError, FieldError
+from controlplane.roles import is_operator, is_researcher
+from jobs.forms import JobForm
+from jobs.models import Checkpoint, Job
+from jobs.selectors import (
+    job_get_for_user,
+    job_list_for_user,
+    job_throughput_now,
+    restore_drill_list_for_user,
+)
+from jobs.services import JobRequest, job_cancel, job_preview, job_resume, job_script, job_submit
+from nodes.models import Node
 
 
 @login_required
 def job_list_page(request: HttpRequest) -> HttpResponse:
-    jobs = job_list_for_user(user=request.user)
+    jobs = job_list_for_user(user=request.user).select_related("parent", "resume_from")
     state = request.GET.get("state") or ""
+    owner = request.GET.get("owner") or ""
+    search = (request.GET.get("q") or "").strip()
+    sees_all = is_operator(request.user)
+    mine = request.GET.get("mine", "1" if not sees_all else "0") == "1"
     if state:
         jobs = jobs.filter(state=state)
+    if owner and sees_all:
+        jobs = jobs.filter(owner__username=owner)
+    if mine:
+        jobs = jobs.filter(owner_id=request.user.pk)
+    if search:
+        jobs = jobs.filter(name__icontains=search)
+    page = list(jobs.order_by("-created_at")[:100])
+    for job in page:
+        running = job.state == Job.State.RUNNING
+        throughput = job_throughput_now(job=job, window=5) if running else None
+        setattr(job, "throughput", throughput)  # noqa: B010
     return render(
         request,
         "jobs/job_list.html",
         {
-            "jobs": list(jobs.order_by("-created_at")[:100]),
+            "jobs": page,
             "states": Job.State.choices,
             "state": state,
-            "sees_all": is_operator(request.user),
+            "owner": owner,
+            "search": search,
+            "mine": mine,
+            "sees_all": sees_all,
+            "can_submit": is_researcher(request.user),
         },
     )
+
+
+def _form_request(form: JobForm) -> JobRequest:
+    data = form.cleaned_data
+    cluster = data["cluster"]
+    return JobRequest(
+        cluster=cluster,
+        name=data["name"],
+        config=form.trainer_config(),
+        partition=data.get("partition") or cluster.default_partition,
+        nodes=data["nodes"],
+        gpus_per_node=data["gpus_per_node"],
+        gpu_type=data.get("gpu_type") or "",
+        tasks_per_node=data.get("tasks_per_node") or max(1, data["gpus_per_node"]),
+        cpus_per_task=data["cpus_per_task"],
+        memory_mb=data.get("memory_mb"),
+        time_limit_minutes=data["time_limit_minutes"],
+        nodelist=(data.get("nodelist") or "").strip(),
+        switches=(data.get("switches") or "").strip(),
+    )
+
+
+@login_required
+def job_new_page(request: HttpRequest) -> HttpResponse:
+    if not is_researcher(request.user):
+        raise PermissionDenied
+    script = None
+    form = JobForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        job_id = form.cleaned_data.get("job_id") or uuid.uuid4()
+        try:
+            if request.POST.get("action") == "preview":
+                _, script = job_preview(
+                    user=request.user, request=_form_request(form), job_id=job_id
+                )
+                data = request.POST.copy()
+                data["job_id"] = str(job_id)
+                form = JobForm(data)
+                form.is_valid()
+            else:
+                job = job_submit(user=request.user, request=_form_request(form), job_id=job_id)
+                messages.success(
+                    request, f"Job {job.name} is queued; Gantry is submitting it to Slurm."
+                )
+                return HttpResponseRedirect(reverse("job-detail", args=[job.id]))
+        except FieldError as error:
+            form.attach_error(error.field, error.why)
+    return render(request, "jobs/job_new.html", {"form": form, "script": script})
+
+
+def _switches_spanned(job: Job) -> list[str]:
+    names = job.allocated_node_names
+    if not names:
+        return []
+    leaves = (
+        Node.objects.filter(cluster=job.cluster, name__in=names)
+        .exclude(leaf_switch__isnull=True)
+        .values_list("leaf_switch__name", flat=True)
+    )
+    return sorted(set(leaves))
+
+
+@login_required
+def job_detail_page(request: HttpRequest, job_id: uuid.UUID) -> HttpResponse:
+    job = job_get_for_user(user=request.user, job_id=job_id)
+    checkpoints = list(job.checkpoints.order_by("-step"))
+    can_act = is_operator(request.user) or job.owner_id == request.user.pk
+    context: dict[str, Any] = {
+        "job": job,
+        "events": list(job.events.all()),
+        "checkpoints": checkpoints,
+        "children": list(job.children.order_by("-created_at")),
+        "can_act": can_act,
+        "switches": _switches_spanned(job),
+        "acceptance_json": json.dumps(job.acceptance, indent=2, sort_keys=True)
+        if job.acceptance
+        else "",
+        "config_json": json.dumps(job.config, indent=2, sort_keys=True),
+        "script": job_script(job),
+        "throughput": job_throughput_now(job=job),
+    }
+    return render(request, "jobs/job_detail.html", context)
+
+
+@login_required
+def job_status_partial(request: HttpRequest, job_id: uuid.UUID) -> HttpResponse:
+    """The live header of the job page, polled while the tab is visible."""
+    job = job_get_for_user(user=request.user, job_id=job_id)
+    return render(
+        request,
+        "jobs/_job_status.html",
+        {
+            "job": job,
+            "throughput": job_throughput_now(job=job),
+            "events": list(job.events.all()),
+            "checkpoints": list(job.checkpoints.order_by("-step")),
+            "can_act": is_operator(request.user) or job.owner_id == request.user.pk,
+            "switches": _switches_spanned(job),
+        },
+    )
+
+
+@login_required
+@require_POST
+def job_cancel_action(request: HttpRequest, job_id: uuid.UUID) -> HttpResponse:
+    job = job_get_for_user(user=request.user, job_id=job_id)
+    try:
+        outcome = job_cancel(actor=request.user, job=job)
+        messages.success(request, f"{job.name}: {outcome}.")
+    except ApplicationError as error:
+        messages.error(request, error.message)
+    return HttpResponseRedirect(reverse("job-detail", args=[job.id]))
+
+
+@login_required
+@require_POST
+def job_resume_action(request: HttpRequest, job_id: uuid.UUID, checkpoint_id: int) -> HttpResponse:
+    job = job_get_for_user(user=request.user, job_id=job_id)
+    checkpoint = Checkpoint.objects.filter(job=job, pk=checkpoint_id).first()
+    if checkpoint is None:
+        messages.error(request, "No such checkpoint.")
+        return HttpResponseRedirect(reverse("job-detail", args=[job.id]))
+    try:
+        new_job = job_resume(actor=request.user, checkpoint=checkpoint)
+    except ApplicationError as error:
+        messages.error(request, error.message)
+        return HttpResponseRedirect(reverse("job-detail", args=[job.id]))
+    messages.success(request, f"Resuming from step {checkpoint.step} as a new job.")
+    return HttpResponseRedirect(reverse("job-detail", args=[new_job.id]))
 
 
 @login_required

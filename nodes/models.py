@@ -72,6 +72,10 @@ class Cluster(models.Model):
         default=0, help_text="Consecutive failed syncs; drives the retry back-off."
     )
     next_sync_at = models.DateTimeField(null=True, blank=True)
+    next_reconcile_at = models.DateTimeField(null=True, blank=True)
+    reconcile_idle_cycles = models.PositiveIntegerField(default=0)
+    last_reconcile_at = models.DateTimeField(null=True, blank=True)
+    last_reconcile_error = models.TextField(blank=True)
 
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
@@ -169,6 +173,9 @@ class Node(models.Model):
     memory_alloc_mb = models.PositiveIntegerField(default=0)
     features = models.JSONField(default=list, blank=True)
     partitions = models.JSONField(default=list, blank=True)
+    # ",batch,gpu,": the partitions as text, so "in partition X" is one indexed-friendly
+    # LIKE on every database (JSON containment is not portable to SQLite).
+    partitions_text = models.CharField(max_length=1024, blank=True, default="")
     leaf_switch = models.ForeignKey(
         Switch, null=True, blank=True, on_delete=models.SET_NULL, related_name="nodes"
     )
@@ -188,6 +195,17 @@ class Node(models.Model):
 
     def __str__(self) -> str:
         return f"{self.cluster.name}/{self.name}"
+
+    def save(self, *args: object, **kwargs: object) -> None:
+        self.partitions_text = self.partitions_as_text(list(self.partitions or []))
+        update_fields = kwargs.get("update_fields")
+        if update_fields is not None and "partitions" in update_fields:  # type: ignore[operator]
+            kwargs["update_fields"] = [*update_fields, "partitions_text"]  # type: ignore[misc]
+        super().save(*args, **kwargs)  # type: ignore[arg-type]
+
+    @staticmethod
+    def partitions_as_text(partitions: list[str]) -> str:
+        return "," + ",".join(partitions) + "," if partitions else ""
 
     @property
     def is_schedulable(self) -> bool:

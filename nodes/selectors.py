@@ -35,7 +35,7 @@ def node_list(
     if state:
         nodes = nodes.filter(state=state)
     if partition:
-        nodes = nodes.filter(partitions__contains=[partition])
+        nodes = nodes.filter(partitions_text__contains=f",{partition},")
     if gpu_type:
         nodes = nodes.filter(gpus__gpu_type=gpu_type).distinct()
     if search:

@@ -446,6 +446,7 @@ def _apply_inventory(cluster: Cluster, inventory: Inventory) -> SyncResult:
                 "memory_alloc_mb": data.memory_alloc_mb or 0,
                 "features": list(data.features),
                 "partitions": list(data.partitions),
+                "partitions_text": Node.partitions_as_text(list(data.partitions)),
                 "leaf_switch_id": leaf.pk if leaf else None,
             }
             new_state = _node_state(data.state)

@@ -83,8 +83,45 @@ def start_worker(
     return CeleryProcess(argv, env, log_path)
 
 
+def start_beat(
+    *, database_url: str, log_path: Path, extra_env: dict[str, str] | None = None
+) -> CeleryProcess:
+    env = dict(os.environ)
+    env.update(
+        {
+            "DJANGO_SETTINGS_MODULE": "controlplane.settings_test",
+            "DATABASE_URL": database_url,
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
+    env.update(extra_env or {})
+    argv = [
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "controlplane",
+        "beat",
+        "--loglevel=INFO",
+        f"--schedule={log_path.parent / 'celerybeat-schedule'}",
+    ]
+    return CeleryProcess(argv, env, log_path)
+
+
+def flush_test_broker() -> None:
+    """Drop tasks a previous test run left in the test Redis database."""
+    import redis
+    from django.conf import settings
+
+    client = redis.Redis.from_url(settings.CELERY_BROKER_URL)
+    try:
+        client.flushdb()
+    finally:
+        client.close()
+
+
 def wait_until(
-    predicate: Any, *, timeout: float, interval: float = 0.2, what: str = "condition"
+    predicate: Any, *, timeout: float, interval: float = 0.2, what: Any = "condition"
 ) -> Any:
     deadline = time.monotonic() + timeout
     while True:
@@ -92,5 +129,6 @@ def wait_until(
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+            description = what() if callable(what) else what
+            raise AssertionError(f"timed out after {timeout}s waiting for {description}")
         time.sleep(interval)

@@ -2,12 +2,26 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 from rest_framework.test import APIClient
 
 from factories import UserFactory
+
+
+def pytest_configure(config: Any) -> None:
+    """Remove a SQLite test database a previous run left behind, WAL files included:
+    a fresh database file next to an old WAL file reads as a disk I/O error."""
+    from django.conf import settings
+
+    name = settings.DATABASES["default"].get("TEST", {}).get("NAME")
+    if name and settings.DATABASES["default"]["ENGINE"].endswith("sqlite3"):
+        for suffix in ("", "-wal", "-shm", "-journal"):
+            path = Path(f"{name}{suffix}")
+            if path.exists():
+                path.unlink()
 
 
 @pytest.fixture
@@ -55,3 +69,54 @@ def outsider_api(outsider: Any) -> APIClient:
 @pytest.fixture
 def anonymous_api() -> APIClient:
     return APIClient()
+
+
+# Fast cycles for tests that run the real worker and beat.
+STACK_ENV = {
+    "GANTRY_RECONCILE_INTERVAL": "1",
+    "GANTRY_SYNC_INTERVAL": "30",
+    "GANTRY_SUBMIT_REQUEUE_AFTER": "20",
+}
+
+
+@pytest.fixture
+def celery_stack(transactional_db: Any, tmp_path: Any, request: Any) -> Any:
+    """A real Celery worker and beat against the test database and the test Redis."""
+    from django.db import connection
+
+    from celery_support import database_url_for, flush_test_broker, start_beat, start_worker
+
+    flush_test_broker()
+    url = database_url_for(connection.settings_dict)
+    worker = start_worker(database_url=url, log_path=tmp_path / "worker.log", extra_env=STACK_ENV)
+    request.addfinalizer(worker.stop)
+    beat = start_beat(database_url=url, log_path=tmp_path / "beat.log", extra_env=STACK_ENV)
+    request.addfinalizer(beat.stop)
+    return {"worker": worker, "beat": beat}
+
+
+@pytest.fixture
+def dev_cluster_registered(transactional_db: Any) -> Any:
+    """The dev cluster (brought up if needed) registered in Gantry and synced once."""
+    from devcluster_support import ensure_up
+    from nodes.services import cluster_register, cluster_sync
+    from nodes.slurm.transport import close_all
+
+    devcluster = ensure_up()
+    devcluster.wait_quiet()
+    close_all()
+    registration = cluster_register(
+        actor=None,
+        name="devcluster",
+        ssh_host=devcluster.host,
+        ssh_port=devcluster.port,
+        ssh_user=devcluster.user,
+        private_key=devcluster.key.read_text(),
+        workdir=devcluster.workdir,
+        python=devcluster.python,
+        expected_fingerprint=devcluster.host_fingerprint,
+        is_default=True,
+        sync=False,
+    )
+    assert cluster_sync(cluster_id=registration.cluster.pk).ok
+    return registration.cluster

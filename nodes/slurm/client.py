@@ -263,7 +263,8 @@ class SlurmClient:
     def node(self, name: str) -> SlurmNode | None:
         result = self.transport.exec(commands.scontrol_show_nodes(name), check=False)
         if result.rc != 0:
-            if "not found" in result.stderr.lower():
+            # Slurm 22.05 prints "Node x not found" on stdout, newer ones on stderr.
+            if "not found" in (result.stderr + result.stdout).lower():
                 return None
             raise command_error(
                 commands.scontrol_show_nodes(name), result.rc, result.stdout, result.stderr

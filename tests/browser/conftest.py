@@ -88,6 +88,7 @@ def synced_devcluster(devcluster: Any, db: Any) -> Any:
     from nodes.services import cluster_register, cluster_sync
     from nodes.slurm.transport import close_all
 
+    devcluster.wait_quiet()
     close_all()
     registration = cluster_register(
         actor=None,

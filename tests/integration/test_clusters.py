@@ -35,6 +35,7 @@ def register_payload(devcluster: DevCluster, **overrides: Any) -> dict[str, Any]
 
 @pytest.fixture
 def registered(devcluster: DevCluster, operator_api: APIClient) -> Cluster:
+    devcluster.wait_quiet()
     close_all()
     response = operator_api.post(
         "/api/v1/clusters/register/", register_payload(devcluster), format="json"
@@ -133,8 +134,12 @@ def test_drain_and_resume_n2_through_the_api(
         response = operator_api.post(f"/api/v1/nodes/{n2.pk}/resume/", format="json")
     assert response.status_code == 200, response.json()
     assert response.json()["state"] == "idle"
-    slurm_state = devcluster.slurm(["sinfo", "-h", "-n", "n2", "-o", "%T"]).stdout.strip()
-    assert slurm_state == "idle"
+    # Right after a resume Slurm shows "idle*" for a moment (not responding yet).
+    wait_until(
+        lambda: devcluster.slurm(["sinfo", "-h", "-n", "n2", "-o", "%T"]).stdout.strip() == "idle",
+        timeout=20,
+        what="n2 idle in Slurm",
+    )
     assert list(n2.events.values_list("kind", flat=True)[:2]) == ["resume", "drain"]
 
 
@@ -217,7 +222,7 @@ def test_sync_now_runs_on_a_real_worker(
     wait_until(
         lambda: Cluster.objects.get(pk=registered.pk).last_sync_at is not None,
         timeout=60,
-        what=f"the worker's sync; log:\n{worker.log()}",
+        what=lambda: f"the worker's sync; log:\n{worker.log()}",
     )
     assert Cluster.objects.get(pk=registered.pk).sync_status == "ok"
 

@@ -68,6 +68,12 @@ rec scontrol_show_node_oneliner.txt scontrol -o show node
 rec scontrol_show_topology.txt scontrol show topology
 rec scontrol_show_partition.txt scontrol show partition
 rec scontrol_show_partition_oneliner.txt scontrol -o show partition
+# unknown names: scontrol prints "Node ... not found" on STDOUT (rc 1), the job error on stderr
+rc=0; scontrol show node nosuchnode >"$OUT/scontrol_show_node_unknown.txt" 2>&1 || rc=$?
+echo "$rc" >"$OUT/scontrol_show_node_unknown.rc"
+rc=0; scontrol show node nosuchnode >"$OUT/scontrol_show_node_unknown.stdout.txt" 2>/dev/null || rc=$?
+rc=0; scontrol show job 99999999 >/dev/null 2>"$OUT/scontrol_show_job_unknown.txt" || rc=$?
+echo "$rc" >"$OUT/scontrol_show_job_unknown.rc"
 rec sacctmgr_show_cluster.txt sacctmgr -P show cluster format=Cluster,ControlHost,ControlPort,RPC
 
 # ------------------------------------------------------------ drained node

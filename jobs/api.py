@@ -1,0 +1,403 @@
+"""REST API for jobs. One view per operation; cluster actions answer 202 with the id."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db.models import Q
+from django.urls import reverse
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import generics, serializers, status
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from controlplane.api import CursorPagination
+from controlplane.errors import FieldError
+from controlplane.permissions import IsResearcherOrOperator
+from controlplane.roles import is_operator
+from jobs.models import Checkpoint, Job, JobEvent
+from jobs.selectors import job_get_for_user, job_list_for_user, job_metrics, job_throughput_now
+from jobs.services import JobRequest, job_cancel, job_log_tail, job_preview, job_resume, job_submit
+from nodes.models import Cluster
+from trainer.config import DEFAULTS, PRESETS
+
+
+class CheckpointSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Checkpoint
+        fields = [
+            "id",
+            "step",
+            "path",
+            "size_bytes",
+            "file_count",
+            "state_keys",
+            "world_size",
+            "integrity",
+            "integrity_detail",
+            "saved_at",
+            "registered_at",
+            "last_proven_at",
+        ]
+
+
+class JobSerializer(serializers.ModelSerializer):
+    owner = serializers.CharField(source="owner.username", read_only=True)
+    cluster = serializers.CharField(source="cluster.name", read_only=True)
+    progress = serializers.FloatField(read_only=True, allow_null=True)
+    world_size = serializers.IntegerField(read_only=True)
+    parent_id = serializers.UUIDField(read_only=True, allow_null=True)
+    resume_from_step = serializers.IntegerField(
+        source="resume_from.step", read_only=True, default=None
+    )
+
+    class Meta:
+        model = Job
+        fields = [
+            "id",
+            "name",
+            "owner",
+            "cluster",
+            "state",
+            "state_reason",
+            "slurm_job_id",
+            "partition",
+            "nodes",
+            "tasks_per_node",
+            "gpus_per_node",
+            "gpu_type",
+            "cpus_per_task",
+            "memory_mb",
+            "time_limit_minutes",
+            "nodelist_requested",
+            "switches_requested",
+            "allocated_nodes",
+            "exit_code",
+            "world_size",
+            "total_steps",
+            "last_step",
+            "progress",
+            "optimal_loss",
+            "target_loss",
+            "target_reached_step",
+            "target_reached_elapsed_s",
+            "parent_id",
+            "resume_from_step",
+            "created_at",
+            "submitted_at",
+            "started_at",
+            "ended_at",
+            "config",
+        ]
+
+
+class JobDetailSerializer(JobSerializer):
+    acceptance = serializers.JSONField(read_only=True)
+    throughput_samples_per_s = serializers.SerializerMethodField()
+
+    class Meta(JobSerializer.Meta):
+        fields = [*JobSerializer.Meta.fields, "acceptance", "throughput_samples_per_s"]
+
+    def get_throughput_samples_per_s(self, job: Job) -> float | None:
+        return job_throughput_now(job=job)
+
+
+class JobInputSerializer(serializers.Serializer):
+    cluster = serializers.CharField(
+        required=False, help_text="cluster name; default cluster if omitted"
+    )
+    name = serializers.CharField(max_length=128)
+    partition = serializers.CharField(max_length=64, required=False, allow_blank=True, default="")
+    nodes = serializers.IntegerField(min_value=1, max_value=4096, default=1)
+    gpus_per_node = serializers.IntegerField(min_value=0, max_value=64, default=0)
+    gpu_type = serializers.CharField(max_length=64, required=False, allow_blank=True, default="")
+    tasks_per_node = serializers.IntegerField(min_value=1, max_value=256, required=False)
+    cpus_per_task = serializers.IntegerField(min_value=1, max_value=1024, default=1)
+    memory_mb = serializers.IntegerField(min_value=1, required=False, allow_null=True, default=None)
+    time_limit_minutes = serializers.IntegerField(min_value=1, max_value=525600, default=30)
+    nodelist = serializers.CharField(max_length=1024, required=False, allow_blank=True, default="")
+    switches = serializers.CharField(max_length=64, required=False, allow_blank=True, default="")
+    preset = serializers.ChoiceField(choices=sorted(PRESETS), required=False)
+    config = serializers.DictField(required=False, default=dict, help_text="trainer config keys")
+
+
+def job_request_from(data: dict[str, Any]) -> JobRequest:
+    name = data.get("cluster")
+    if name:
+        cluster = Cluster.objects.filter(name=name).first()
+        if cluster is None:
+            raise FieldError("cluster", f"no cluster named {name!r}")
+    else:
+        cluster = Cluster.objects.filter(is_default=True).first()
+        if cluster is None:
+            raise FieldError("cluster", "no default cluster; name one")
+    config = dict(data.get("config") or {})
+    if data.get("preset"):
+        config.setdefault("preset", data["preset"])
+    tasks = data.get("tasks_per_node") or max(1, data["gpus_per_node"])
+    return JobRequest(
+        cluster=cluster,
+        name=data["name"],
+        config=config,
+        partition=data.get("partition") or cluster.default_partition,
+        nodes=data["nodes"],
+        gpus_per_node=data["gpus_per_node"],
+        gpu_type=data.get("gpu_type") or "",
+        tasks_per_node=tasks,
+        cpus_per_task=data["cpus_per_task"],
+        memory_mb=data.get("memory_mb"),
+        time_limit_minutes=data["time_limit_minutes"],
+        nodelist=data.get("nodelist") or "",
+        switches=data.get("switches") or "",
+    )
+
+
+class AcceptedSerializer(serializers.Serializer):
+    id = serializers.UUIDField()
+    state = serializers.CharField()
+    poll = serializers.CharField()
+
+
+def accepted(job: Job) -> Response:
+    body = {"id": job.id, "state": job.state, "poll": reverse("api:job-detail", args=[job.id])}
+    return Response(AcceptedSerializer(body).data, status=status.HTTP_202_ACCEPTED)
+
+
+class JobSubmitApi(APIView):
+    """Submit a training job (202: poll ``poll`` for its state).
+
+    Impossible requests (unknown partition, more GPUs per node than any node has, time over
+    the partition's limit, an invalid trainer config) are refused with the field and why.
+    """
+
+    permission_classes = [IsResearcherOrOperator]
+
+    @extend_schema(request=JobInputSerializer, responses={202: AcceptedSerializer})
+    def post(self, request: Request) -> Response:
+        data = JobInputSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        job = job_submit(user=request.user, request=job_request_from(dict(data.validated_data)))
+        return accepted(job)
+
+
+class JobPreviewApi(APIView):
+    """Validate a job and show the exact sbatch script it would run; saves nothing."""
+
+    permission_classes = [IsResearcherOrOperator]
+
+    class OutputSerializer(serializers.Serializer):
+        script = serializers.CharField()
+        config = serializers.DictField()
+        world_size = serializers.IntegerField()
+
+    @extend_schema(request=JobInputSerializer, responses=OutputSerializer)
+    def post(self, request: Request) -> Response:
+        data = JobInputSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        job, script = job_preview(
+            user=request.user, request=job_request_from(dict(data.validated_data))
+        )
+        return Response(
+            self.OutputSerializer(
+                {"script": script, "config": job.config, "world_size": job.world_size}
+            ).data
+        )
+
+
+class JobPagination(CursorPagination):
+    ordering = "-created_at"
+
+
+class JobListApi(generics.ListAPIView):
+    """Jobs you may see (operators: all), newest first; filter by state, owner, cluster."""
+
+    permission_classes = [IsResearcherOrOperator]
+    serializer_class = JobSerializer
+    pagination_class = JobPagination
+    filter_backends: list[Any] = []
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("state", str, enum=[value for value, _ in Job.State.choices]),
+            OpenApiParameter("owner", str),
+            OpenApiParameter("cluster", str),
+            OpenApiParameter("search", str),
+        ]
+    )
+    def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        return super().get(request, *args, **kwargs)
+
+    def get_queryset(self):  # type: ignore[no-untyped-def]
+        params = self.request.query_params
+        jobs = job_list_for_user(user=self.request.user).select_related("resume_from")
+        state = params.get("state")
+        if state:
+            if state not in {value for value, _ in Job.State.choices}:
+                raise serializers.ValidationError({"state": [f"unknown job state {state!r}"]})
+            jobs = jobs.filter(state=state)
+        if params.get("owner"):
+            jobs = jobs.filter(owner__username=params["owner"])
+        if params.get("cluster"):
+            jobs = jobs.filter(cluster__name=params["cluster"])
+        if params.get("search"):
+            term = params["search"]
+            jobs = jobs.filter(Q(name__icontains=term) | Q(slurm_job_id=term))
+        return jobs
+
+
+class JobDetailApi(APIView):
+    permission_classes = [IsResearcherOrOperator]
+
+    @extend_schema(responses=JobDetailSerializer)
+    def get(self, request: Request, job_id: str) -> Response:
+        job = job_get_for_user(user=request.user, job_id=job_id)
+        return Response(JobDetailSerializer(job).data)
+
+
+class JobCancelApi(APIView):
+    """Cancel a job (owner or operator); idempotent. 202: poll for ``cancelled``."""
+
+    permission_classes = [IsResearcherOrOperator]
+
+    @extend_schema(request=None, responses={202: AcceptedSerializer})
+    def post(self, request: Request, job_id: str) -> Response:
+        job = job_get_for_user(user=request.user, job_id=job_id)
+        job_cancel(actor=request.user, job=job)
+        job.refresh_from_db()
+        return accepted(job)
+
+
+class JobResumeApi(APIView):
+    """Start a new job that continues from one of this job's checkpoints."""
+
+    permission_classes = [IsResearcherOrOperator]
+
+    class InputSerializer(serializers.Serializer):
+        checkpoint_step = serializers.IntegerField(min_value=0)
+        steps = serializers.IntegerField(min_value=1, required=False)
+        name = serializers.CharField(max_length=128, required=False)
+        nodes = serializers.IntegerField(min_value=1, required=False)
+        tasks_per_node = serializers.IntegerField(min_value=1, required=False)
+        partition = serializers.CharField(max_length=64, required=False)
+
+    @extend_schema(request=InputSerializer, responses={202: AcceptedSerializer})
+    def post(self, request: Request, job_id: str) -> Response:
+        job = job_get_for_user(user=request.user, job_id=job_id)
+        data = self.InputSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        values = dict(data.validated_data)
+        checkpoint = Checkpoint.objects.filter(job=job, step=values["checkpoint_step"]).first()
+        if checkpoint is None:
+            raise FieldError(
+                "checkpoint_step", f"job has no checkpoint at step {values['checkpoint_step']}"
+            )
+        overrides = {
+            key: values[key] for key in ("nodes", "tasks_per_node", "partition") if key in values
+        }
+        new_job = job_resume(
+            actor=request.user,
+            checkpoint=checkpoint,
+            name=values.get("name"),
+            steps=values.get("steps"),
+            overrides=overrides,
+        )
+        return accepted(new_job)
+
+
+class JobMetricsApi(APIView):
+    """Metric series, downsampled on the server to at most ``max_points`` per series."""
+
+    permission_classes = [IsResearcherOrOperator]
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("step_min", int),
+            OpenApiParameter("step_max", int),
+            OpenApiParameter("max_points", int),
+        ],
+        responses=dict,
+    )
+    def get(self, request: Request, job_id: str) -> Response:
+        job = job_get_for_user(user=request.user, job_id=job_id)
+        params = request.query_params
+
+        def integer(name: str, default: int | None, low: int, high: int) -> int | None:
+            raw = params.get(name)
+            if raw is None or raw == "":
+                return default
+            try:
+                value = int(raw)
+            except ValueError:
+                raise serializers.ValidationError({name: ["must be an integer"]}) from None
+            if not low <= value <= high:
+                raise serializers.ValidationError({name: [f"must be between {low} and {high}"]})
+            return value
+
+        data = job_metrics(
+            job=job,
+            step_min=integer("step_min", None, 0, 2**31 - 1),
+            step_max=integer("step_max", None, 0, 2**31 - 1),
+            max_points=integer("max_points", 2000, 10, 2000) or 2000,
+        )
+        return Response(data)
+
+
+class JobCheckpointsApi(APIView):
+    permission_classes = [IsResearcherOrOperator]
+
+    @extend_schema(responses=CheckpointSerializer(many=True))
+    def get(self, request: Request, job_id: str) -> Response:
+        job = job_get_for_user(user=request.user, job_id=job_id)
+        return Response(CheckpointSerializer(job.checkpoints.order_by("-step"), many=True).data)
+
+
+class JobLogsApi(APIView):
+    """The tail of the job's Slurm output file, read from the cluster now."""
+
+    permission_classes = [IsResearcherOrOperator]
+
+    @extend_schema(parameters=[OpenApiParameter("max_bytes", int)], responses=dict)
+    def get(self, request: Request, job_id: str) -> Response:
+        job = job_get_for_user(user=request.user, job_id=job_id)
+        raw = str(request.query_params.get("max_bytes") or "65536")
+        if not raw.isdigit() or not 1 <= int(raw) <= 1 << 20:
+            raise serializers.ValidationError({"max_bytes": ["an integer from 1 to 1048576"]})
+        return Response(job_log_tail(job=job, max_bytes=int(raw)))
+
+
+class JobEventSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = JobEvent
+        fields = ["id", "at", "kind", "from_state", "to_state", "message"]
+
+
+class JobEventPagination(CursorPagination):
+    ordering = "at"
+
+
+class JobEventsApi(generics.ListAPIView):
+    """The job's timeline, oldest first."""
+
+    permission_classes = [IsResearcherOrOperator]
+    serializer_class = JobEventSerializer
+    pagination_class = JobEventPagination
+    filter_backends: list[Any] = []
+
+    def get_queryset(self):  # type: ignore[no-untyped-def]
+        job = job_get_for_user(user=self.request.user, job_id=self.kwargs["job_id"])
+        return JobEvent.objects.filter(job=job)
+
+
+class TrainerPresetsApi(APIView):
+    """The trainer's presets and defaults, for building a config."""
+
+    permission_classes = [IsResearcherOrOperator]
+
+    @extend_schema(responses=dict)
+    def get(self, request: Request) -> Response:
+        return Response({"presets": PRESETS, "defaults": DEFAULTS})
+
+
+def can_act_on(user: Any, job: Job) -> bool:
+    return is_operator(user) or job.owner_id == getattr(user, "pk", None)

@@ -1,0 +1,142 @@
+"""What a job looks like on the cluster: run directory, the shipped trainer, the sbatch script.
+
+Pure functions plus one uploader; no Django models are imported here, so the script a
+preview shows is byte for byte the script that runs.
+"""
+
+from __future__ import annotations
+
+import shlex
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import trainer
+
+TRAINER_SOURCE = Path(trainer.__file__).resolve().parent
+
+
+def run_dir(workdir: str, job_id: str) -> str:
+    return f"{workdir.rstrip('/')}/runs/{job_id}"
+
+
+def drill_dir(workdir: str, job_id: str, drill_id: str) -> str:
+    return f"{run_dir(workdir, job_id)}/drills/{drill_id}"
+
+
+def trainer_dir(workdir: str, digest: str) -> str:
+    """Content-addressed: one directory per trainer version, uploaded once."""
+    return f"{workdir.rstrip('/')}/trainer/{digest[:20]}"
+
+
+@dataclass(frozen=True)
+class ScriptSpec:
+    """Everything the sbatch script needs, as plain values."""
+
+    job_id: str
+    job_name: str
+    run_dir: str
+    trainer_dir: str
+    python: str
+    partition: str
+    nodes: int
+    tasks_per_node: int
+    cpus_per_task: int
+    gpus_per_node: int
+    gpu_type: str
+    memory_mb: int | None
+    time_limit_minutes: int
+    nodelist: str
+    switches: str
+    trainer_args: tuple[str, ...]
+    output_name: str = "slurm-%j.out"
+
+
+def render_sbatch(spec: ScriptSpec) -> str:
+    """The job script. Resources are #SBATCH lines so the file on the cluster tells all."""
+    quote = shlex.quote
+    lines = [
+        "#!/bin/bash",
+        f"# Gantry job {spec.job_id}: {spec.job_name.replace(chr(10), ' ')}",
+        f"#SBATCH --partition={spec.partition}",
+        f"#SBATCH --nodes={spec.nodes}",
+        f"#SBATCH --ntasks-per-node={spec.tasks_per_node}",
+        f"#SBATCH --cpus-per-task={spec.cpus_per_task}",
+        f"#SBATCH --time={spec.time_limit_minutes}",
+        f"#SBATCH --output={spec.run_dir}/{spec.output_name}",
+        f"#SBATCH --chdir={spec.run_dir}",
+        "#SBATCH --export=ALL",
+    ]
+    if spec.gpus_per_node:
+        gpus = f"{spec.gpu_type}:{spec.gpus_per_node}" if spec.gpu_type else str(spec.gpus_per_node)
+        lines.append(f"#SBATCH --gpus-per-node={gpus}")
+    if spec.memory_mb:
+        lines.append(f"#SBATCH --mem={spec.memory_mb}M")
+    if spec.nodelist:
+        lines.append(f"#SBATCH --nodelist={spec.nodelist}")
+    if spec.switches:
+        lines.append(f"#SBATCH --switches={spec.switches}")
+    trainer_command = " ".join(
+        [quote(spec.python), "-m", "trainer", *(quote(arg) for arg in spec.trainer_args)]
+    )
+    lines += [
+        "",
+        "set -euo pipefail",
+        f"export PYTHONPATH={quote(spec.trainer_dir)}${{PYTHONPATH:+:$PYTHONPATH}}",
+        "export PYTHONUNBUFFERED=1",
+        "# Rank 0 listens on the first node; node names are not always DNS names.",
+        'first_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+        'MASTER_ADDR=$(scontrol show node "$first_node" | tr " " "\\n" '
+        "| sed -n 's/^NodeAddr=//p' | head -n 1)",
+        'export MASTER_ADDR="${MASTER_ADDR:-$first_node}"',
+        "export MASTER_PORT=$((15000 + SLURM_JOB_ID % 20000))",
+        'case "$MASTER_ADDR" in 127.*|localhost) export GLOO_SOCKET_IFNAME=lo ;; esac',
+        'echo "gantry: job $SLURM_JOB_ID on $SLURM_JOB_NODELIST, master $MASTER_ADDR:$MASTER_PORT"',
+        f"srun --export=ALL {trainer_command}",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+class FileTransport(Protocol):
+    def exists(self, path: str) -> bool: ...
+    def makedirs(self, path: str, mode: int = 0o755) -> None: ...
+    def put_bytes(self, path: str, data: bytes, mode: int = 0o644) -> None: ...
+
+
+_uploaded: set[tuple[int, str]] = set()
+_upload_lock = threading.Lock()
+
+
+def trainer_files() -> list[tuple[str, bytes]]:
+    files = []
+    for path in sorted(TRAINER_SOURCE.rglob("*")):
+        if path.is_file() and path.suffix in {".py", ".md"} and "__pycache__" not in path.parts:
+            files.append((path.relative_to(TRAINER_SOURCE).as_posix(), path.read_bytes()))
+    return files
+
+
+def trainer_ensure_uploaded(transport: FileTransport, workdir: str) -> str:
+    """Ship the trainer to ``<workdir>/trainer/<digest>/trainer`` unless it is there.
+
+    The ``.complete`` marker is written last, so a half-finished upload is redone.
+    Returns the directory to put on PYTHONPATH.
+    """
+    digest = trainer.source_digest()
+    target = trainer_dir(workdir, digest)
+    key = (id(transport), target)
+    with _upload_lock:
+        if key in _uploaded:
+            return target
+        marker = f"{target}/.complete"
+        if not transport.exists(marker):
+            package = f"{target}/trainer"
+            transport.makedirs(package)
+            for relative, data in trainer_files():
+                if "/" in relative:
+                    transport.makedirs(f"{package}/{relative.rsplit('/', 1)[0]}")
+                transport.put_bytes(f"{package}/{relative}", data)
+            transport.put_bytes(marker, f"{digest}\n".encode())
+        _uploaded.add(key)
+    return target

@@ -1,0 +1,75 @@
+"""Celery tasks for jobs: thin, ids in, one service call each."""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+from typing import Any
+
+from celery import shared_task
+from django.db.models import Q
+from django.utils import timezone
+
+from jobs.services import cluster_reconcile, job_submit_gave_up, job_submit_to_slurm
+from nodes.models import Cluster
+from nodes.slurm.errors import TRANSIENT_ERRORS
+
+logger = logging.getLogger(__name__)
+
+
+@shared_task(
+    bind=True,
+    name="jobs.job_submit",
+    acks_late=True,
+    autoretry_for=TRANSIENT_ERRORS,
+    retry_backoff=2,
+    retry_backoff_max=60,
+    retry_jitter=True,
+    max_retries=8,
+    time_limit=120,
+    soft_time_limit=100,
+)
+def job_submit_task(self: Any, job_id: str) -> str:
+    """Submit one job to Slurm. Idempotent (tag lookup before sbatch), so acks_late is safe
+    and a redelivery after a worker crash adopts the Slurm job instead of submitting again.
+    When retries run out on a transient error the job goes back to ``queued``."""
+    try:
+        return job_submit_to_slurm(job_id=job_id)
+    except TRANSIENT_ERRORS as error:
+        if self.request.retries >= self.max_retries:
+            job_submit_gave_up(job_id=job_id, error=error)
+            return "gave up for now: cluster unreachable"
+        raise
+
+
+@shared_task(name="jobs.cluster_reconcile", acks_late=True, time_limit=240, soft_time_limit=200)
+def cluster_reconcile_task(cluster_id: int) -> dict[str, Any]:
+    """One watcher cycle for one cluster. Idempotent: it only moves states forward."""
+    try:
+        result = cluster_reconcile(cluster_id=cluster_id)
+    except Cluster.DoesNotExist:
+        return {"error": "cluster no longer exists"}
+    return {
+        "commands": result.commands,
+        "state_changes": result.state_changes,
+        "metric_points": result.metric_points,
+        "checkpoints": result.checkpoints,
+        "errors": result.errors,
+    }
+
+
+@shared_task(name="jobs.clusters_reconcile_due", time_limit=30, soft_time_limit=20)
+def clusters_reconcile_due() -> int:
+    """Beat: one reconcile task per cluster whose next cycle has come, claimed with a
+    conditional update so a cluster never has two cycles queued for one due time."""
+    now = timezone.now()
+    enqueued = 0
+    due = Cluster.objects.filter(Q(next_reconcile_at__isnull=True) | Q(next_reconcile_at__lte=now))
+    for cluster in due.only("id", "next_reconcile_at"):
+        hold = now + timedelta(seconds=250)
+        if Cluster.objects.filter(
+            pk=cluster.pk, next_reconcile_at=cluster.next_reconcile_at
+        ).update(next_reconcile_at=hold):
+            cluster_reconcile_task.delay(cluster.pk)
+            enqueued += 1
+    return enqueued

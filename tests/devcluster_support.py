@@ -1,0 +1,270 @@
+"""Helpers for tests that use the real dev cluster (``scripts/devcluster``).
+
+Plain Python, no Django. ``ensure_up()`` brings the cluster up (idempotent,
+a few seconds when it already runs) and returns a :class:`DevCluster` with
+what ``DIR/gantry.env`` says.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shlex
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+SCRIPT = REPO / "scripts" / "devcluster"
+
+
+class DevClusterError(RuntimeError):
+    pass
+
+
+def default_dir() -> Path:
+    return Path(os.environ.get("DEVCLUSTER_DIR") or REPO / "var" / "devcluster").resolve()
+
+
+def parse_env_file(path: str | os.PathLike[str]) -> dict[str, str]:
+    """Parse ``KEY=value`` lines (``#`` comments and blank lines ignored)."""
+    env: dict[str, str] = {}
+    for line in Path(path).read_text().splitlines():
+        line = line.strip()
+        if not line or line.startswith("#") or "=" not in line:
+            continue
+        key, _, value = line.partition("=")
+        env[key.strip()] = value.strip()
+    return env
+
+
+@dataclass(frozen=True)
+class DevCluster:
+    dir: Path
+    name: str
+    host: str
+    port: int
+    user: str
+    key: Path
+    known_hosts: Path
+    host_fingerprint: str
+    workdir: str
+    python: str
+    python_ready: bool
+    default_partition: str
+    slurm_cluster_name: str
+    slurm_conf: str
+    env: dict[str, str] = field(repr=False, compare=False, hash=False)
+
+    @classmethod
+    def from_env_file(cls, path: str | os.PathLike[str]) -> DevCluster:
+        env = parse_env_file(path)
+        return cls(
+            dir=Path(env["DEVCLUSTER_DIR"]),
+            name=env["GANTRY_CLUSTER_NAME"],
+            host=env["GANTRY_CLUSTER_HOST"],
+            port=int(env["GANTRY_CLUSTER_PORT"]),
+            user=env["GANTRY_CLUSTER_USER"],
+            key=Path(env["GANTRY_CLUSTER_KEY"]),
+            known_hosts=Path(env["GANTRY_CLUSTER_KNOWN_HOSTS"]),
+            host_fingerprint=env["GANTRY_CLUSTER_HOST_FINGERPRINT"],
+            workdir=env["GANTRY_CLUSTER_WORKDIR"],
+            python=env["GANTRY_CLUSTER_PYTHON"],
+            python_ready=env.get("DEVCLUSTER_PYTHON_READY") == "1",
+            default_partition=env["GANTRY_CLUSTER_DEFAULT_PARTITION"],
+            slurm_cluster_name=env.get("GANTRY_CLUSTER_SLURM_NAME", "gantrydev"),
+            slurm_conf=env["SLURM_CONF"],
+            env=env,
+        )
+
+    # ------------------------------------------------------------ commands
+    def script(self, *args: str, check: bool = True, timeout: float = 120) -> str:
+        """Run ``scripts/devcluster ARGS... DIR``; return its stdout."""
+        return run_script(*args, dir=self.dir, check=check, timeout=timeout).stdout
+
+    def slurm_env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env["SLURM_CONF"] = self.slurm_conf
+        return env
+
+    def slurm(
+        self, args: Sequence[str] | str, *, check: bool = True, timeout: float = 60
+    ) -> subprocess.CompletedProcess[str]:
+        """Run a Slurm command locally as root, with SLURM_CONF set.
+
+        ``cluster.slurm(["scontrol", "ping"])`` or ``cluster.slurm("sinfo -N")``.
+        """
+        argv = shlex.split(args) if isinstance(args, str) else list(args)
+        return _run(argv, env=self.slurm_env(), check=check, timeout=timeout)
+
+    def wait_quiet(self, timeout: float = 120) -> None:
+        """Wait until no job is in the queue and every node is idle again, so a test
+        starts from the same cluster whatever ran before it."""
+
+        def quiet() -> bool:
+            queue = self.slurm(["squeue", "-h", "-o", "%i"], check=False).stdout.strip()
+            states = self.slurm(["sinfo", "-h", "-N", "-o", "%T"], check=False).stdout.split()
+            return not queue and bool(states) and all(state == "idle" for state in states)
+
+        wait_for(quiet, timeout=timeout, interval=0.5, message="an idle dev cluster")
+
+    def run_as_cluster_user(
+        self, cmd: Sequence[str] | str, *, check: bool = True, timeout: float = 60
+    ) -> subprocess.CompletedProcess[str]:
+        """Run a command locally as the cluster user (in its work directory)."""
+        argv = shlex.split(cmd) if isinstance(cmd, str) else list(cmd)
+        full = [
+            "runuser",
+            "-u",
+            self.user,
+            "--",
+            "env",
+            f"SLURM_CONF={self.slurm_conf}",
+            "PATH=/usr/local/bin:/usr/bin:/bin",
+            f"HOME={pwd.getpwnam(self.user).pw_dir}",
+            *argv,
+        ]
+        return _run(full, env=self.slurm_env(), check=check, timeout=timeout, cwd=self.workdir)
+
+    def pids(self) -> dict[str, int]:
+        """The pids recorded in DIR/run/*.pid."""
+        out: dict[str, int] = {}
+        for p in sorted((self.dir / "run").glob("*.pid")):
+            try:
+                out[p.stem] = int(p.read_text().strip())
+            except ValueError:
+                continue
+        return out
+
+    def status(self) -> subprocess.CompletedProcess[str]:
+        return run_script("status", dir=self.dir, check=False)
+
+    def sshd_stop(self) -> None:
+        self.script("stop-sshd")
+
+    def sshd_start(self) -> None:
+        self.script("start-sshd")
+
+    def restart_slurmctld(self) -> None:
+        self.script("restart-slurmctld")
+
+    def ssh_client(self, timeout: float = 10) -> Any:
+        """A connected paramiko SSHClient (known_hosts + RejectPolicy)."""
+        import paramiko
+
+        client = paramiko.SSHClient()
+        client.load_host_keys(str(self.known_hosts))
+        client.set_missing_host_key_policy(paramiko.RejectPolicy())
+        client.connect(
+            self.host,
+            port=self.port,
+            username=self.user,
+            key_filename=str(self.key),
+            look_for_keys=False,
+            allow_agent=False,
+            timeout=timeout,
+            banner_timeout=timeout,
+            auth_timeout=timeout,
+        )
+        return client
+
+
+def _run(
+    argv: Sequence[str],
+    *,
+    env: dict[str, str] | None = None,
+    check: bool = True,
+    timeout: float = 60,
+    cwd: str | os.PathLike[str] | None = None,
+) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(
+        list(argv),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
+    )
+    if check and proc.returncode != 0:
+        raise DevClusterError(
+            f"{shlex.join(argv)} exited {proc.returncode}\n"
+            f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+        )
+    return proc
+
+
+def run_script(
+    *args: str,
+    dir: str | os.PathLike[str] | None = None,
+    check: bool = True,
+    timeout: float = 600,
+) -> subprocess.CompletedProcess[str]:
+    """Run ``scripts/devcluster ARGS... DIR``."""
+    d = Path(dir) if dir is not None else default_dir()
+    return _run([str(SCRIPT), *args, str(d)], check=check, timeout=timeout)
+
+
+def ensure_up(dir: str | os.PathLike[str] | None = None, *, python: bool = True) -> DevCluster:
+    """Bring the dev cluster up (idempotent) and describe it.
+
+    ``python=False`` (or env DEVCLUSTER_PYTHON=0) skips building the job venv.
+    """
+    d = Path(dir) if dir is not None else default_dir()
+    args = ["up"] if python else ["up", "--no-python"]
+    run_script(*args, dir=d, timeout=900)
+    return DevCluster.from_env_file(d / "gantry.env")
+
+
+def wait_for(
+    predicate: Callable[[], Any],
+    timeout: float = 30,
+    interval: float = 0.25,
+    message: str | None = None,
+) -> Any:
+    """Poll ``predicate`` until it returns something truthy; return that value."""
+    deadline = time.monotonic() + timeout
+    last_exc: BaseException | None = None
+    while True:
+        try:
+            value = predicate()
+        except Exception as exc:
+            value = None
+            last_exc = exc
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            what = message or getattr(predicate, "__name__", "condition")
+            raise TimeoutError(
+                f"{what} not met within {timeout}s"
+                + (f" (last error: {last_exc!r})" if last_exc else "")
+            )
+        time.sleep(interval)
+
+
+# module-level shorthands using the default directory
+def _default() -> DevCluster:
+    return DevCluster.from_env_file(default_dir() / "gantry.env")
+
+
+def run_as_cluster_user(cmd: Sequence[str] | str, **kw: Any) -> subprocess.CompletedProcess[str]:
+    return _default().run_as_cluster_user(cmd, **kw)
+
+
+def slurm(cmd_args: Sequence[str] | str, **kw: Any) -> subprocess.CompletedProcess[str]:
+    return _default().slurm(cmd_args, **kw)
+
+
+def sshd_stop(dir: str | os.PathLike[str] | None = None) -> None:
+    run_script("stop-sshd", dir=dir)
+
+
+def sshd_start(dir: str | os.PathLike[str] | None = None) -> None:
+    run_script("start-sshd", dir=dir)
+
+
+def restart_slurmctld(dir: str | os.PathLike[str] | None = None) -> None:
+    run_script("restart-slurmctld", dir=dir)
