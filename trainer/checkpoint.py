@@ -1,16 +1,25 @@
 """Checkpoints: per-rank files + a manifest written last; verification; retention.
 
-Layout ``<root>/step-NNNNNN/``:
+Layout ``<root>/step-NNNNNN/`` (format ``gantry-trainer-checkpoint/2``):
 
-* ``rank-KKKKK.pt``   one torch file per rank (rank 0 also holds model/optimizer/scheduler)
-* ``rank-KKKKK.json`` sidecar written atomically by rank K after its file is fsynced:
-  name, size, sha256, keys, and the ``save_id`` of the training session
-* ``manifest.json``   written LAST by rank 0 once every rank's sidecar for this save_id is
-  present: temp file + fsync + rename + fsync of the directory.
+* ``rank-KKKKK.pt``        per-rank *index*: ``torch.save`` of the state with every tensor
+  replaced by a reference, plus the tensor table (dtype, shape, offset, nbytes) and the list
+  of data files. Small; loadable with ``torch.load(weights_only=True)``.
+* ``rank-KKKKK-NNNN.bin``  the rank's tensor bytes, concatenated in table order and cut into
+  files of at most ``DATA_CHUNK`` bytes. Written straight from tensor memory (no serialised
+  copy); each file is hashed, written and fsynced by a worker of a small thread pool, so
+  sha256 (which releases the GIL) runs on every core while other files are written/flushed.
+* ``rank-KKKKK.json``      sidecar written atomically by rank K after all its files are
+  fsynced: every file's name, role, size and sha256, the state keys, and the ``save_id``.
+* ``manifest.json``        written LAST by rank 0 once every rank's sidecar for this save_id
+  is present: temp file + fsync + rename + fsync of the directory. Lists every file of every
+  rank with its size and sha256.
 
 A directory without ``manifest.json`` is not a checkpoint. Sidecars are how rank 0 learns the
 other ranks' file hashes without a collective in a background thread (collectives would race
 with DDP's); they need the shared filesystem the checkpoint directory lives on anyway.
+Loading reads each data file with large reads straight into the new tensors' memory and
+hashes the same bytes (files in parallel); a mismatch names the file.
 """
 
 from __future__ import annotations
@@ -24,20 +33,23 @@ import re
 import shutil
 import threading
 import time
-from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
-from torch.utils.serialization import config as _ser_config
 
 MANIFEST = "manifest.json"
-FORMAT = "gantry-trainer-checkpoint/1"
+FORMAT = "gantry-trainer-checkpoint/2"
+INDEX_FORMAT = "gantry-trainer-rank-index/2"
 STEP_RE = re.compile(r"^step-(\d{6,})$")
 RANK0_KEYS = ("model", "optimizer", "scheduler", "rng", "data", "meta")
 RANK_KEYS = ("rng", "data", "meta")
-CHUNK = 8 << 20
+DATA_CHUNK = 32 << 20  # max bytes per data file
+BLOCK = 256 << 10  # hash/write/read step inside a file: small enough to stay in cache
+_REF = "__gantry_tensor__"
 
 
 class CheckpointError(Exception):
@@ -54,7 +66,16 @@ def step_dir_name(step: int) -> str:
 
 
 def rank_file_name(rank: int) -> str:
+    """The rank's index file (its data files are ``data_file_name(rank, i)``)."""
     return f"rank-{rank:05d}.pt"
+
+
+def data_file_name(rank: int, i: int) -> str:
+    return f"rank-{rank:05d}-{i:04d}.bin"
+
+
+def sidecar_name(rank: int) -> str:
+    return f"rank-{rank:05d}.json"
 
 
 def required_keys(rank: int) -> tuple[str, ...]:
@@ -70,14 +91,17 @@ def fsync_dir(path: str) -> None:
         os.close(fd)
 
 
+def _write_all(fd: int, mv: memoryview) -> None:
+    off, n = 0, len(mv)
+    while off < n:
+        off += os.write(fd, mv[off:])
+
+
 def write_durable(path: str, data: bytes | memoryview) -> None:
     """Write bytes to ``path`` and fsync the file (not atomic; caller decides the name)."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        view = memoryview(data)
-        off = 0
-        while off < len(view):
-            off += os.write(fd, view[off : off + CHUNK * 8])
+        _write_all(fd, memoryview(data))
         os.fsync(fd)
     finally:
         os.close(fd)
@@ -95,133 +119,412 @@ _POOL: ThreadPoolExecutor | None = None
 _POOL_LOCK = threading.Lock()
 
 
+def io_workers() -> int:
+    """Threads for checkpoint IO: one more than the cores, so one can wait on the disk
+    (write/fsync/read) while the others hash; at least 2, at most 8."""
+    env = os.environ.get("TRAINER_CKPT_THREADS")
+    if env:
+        return max(1, int(env))
+    return max(2, min(8, (os.cpu_count() or 1) + 1))
+
+
 def _pool() -> ThreadPoolExecutor:
-    """One helper thread: hashing (hashlib releases the GIL) overlaps reads and writes."""
+    """Shared pool for hashing/IO (hashlib and os.read/write release the GIL). Tasks never
+    submit to the pool themselves, so callers may wait on it from any thread."""
     global _POOL
     with _POOL_LOCK:
         if _POOL is None:
-            _POOL = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-hash")
+            _POOL = ThreadPoolExecutor(max_workers=io_workers(), thread_name_prefix="ckpt-io")
         return _POOL
 
 
-def sha256_file(path: str) -> tuple[str, int]:
-    """sha256 and size of a file; reading chunk i overlaps hashing chunk i-1."""
+def _blocks(mv: memoryview) -> Iterator[memoryview]:
+    for off in range(0, len(mv), BLOCK):
+        yield mv[off : off + BLOCK]
+
+
+def _write_hashed(path: str, pieces: list[memoryview]) -> tuple[int, str]:
+    """Hash, write and fsync ``pieces`` into a new file; returns (size, sha256). Every byte is
+    hashed from the same memory it is written from."""
     h = hashlib.sha256()
     n = 0
-    bufs = (bytearray(CHUNK), bytearray(CHUNK))
-    fut: Future[None] | None = None
-    i = 0
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        for piece in pieces:
+            for mv in _blocks(piece):
+                h.update(mv)
+                _write_all(fd, mv)
+                n += len(mv)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return n, h.hexdigest()
+
+
+def _hash_file(path: str) -> tuple[str, int]:
+    h = hashlib.sha256()
+    n = 0
+    buf = bytearray(BLOCK)
+    mv = memoryview(buf)
     with open(path, "rb", buffering=0) as fh:
+        with contextlib.suppress(OSError, AttributeError):
+            os.posix_fadvise(fh.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
         while True:
-            buf = bufs[i % 2]
-            got = fh.readinto(buf)
-            if fut is not None:
-                fut.result()
+            got = fh.readinto(mv)
             if not got:
                 break
-            fut = _pool().submit(h.update, memoryview(buf)[:got])
+            h.update(mv[:got])
             n += got
-            i += 1
     return h.hexdigest(), n
 
 
-class HashingFile:
-    """Write-only file object for torch.save: bytes go straight to the descriptor while the
-    helper thread hashes them (no in-memory serialized copy). Small writes are coalesced
-    into a buffer so hashing and writing overlap on large blocks."""
+def sha256_file(path: str) -> tuple[str, int]:
+    """sha256 and size of a file."""
+    return _hash_file(path)
 
-    BUF = 4 << 20
 
-    def __init__(self, path: str) -> None:
-        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        self.h = hashlib.sha256()
-        self.size = 0
-        self._buf = bytearray()
-
-    def _emit(self, mv: memoryview) -> None:
-        fut = _pool().submit(self.h.update, mv)
+def sha256_files(paths: list[str]) -> list[tuple[str, int] | BaseException]:
+    """sha256 and size of several files, hashed in parallel (errors returned, not raised)."""
+    futs = [_pool().submit(_hash_file, p) for p in paths]
+    out: list[tuple[str, int] | BaseException] = []
+    for f in futs:
         try:
-            off, n = 0, len(mv)
-            while off < n:
-                off += os.write(self.fd, mv[off:])
-        finally:
-            fut.result()
+            out.append(f.result())
+        except Exception as exc:
+            out.append(exc)
+    return out
 
-    def _drain(self) -> None:
-        if self._buf:
-            self._emit(memoryview(self._buf))
-            self._buf = bytearray()
 
-    def write(self, b: Any) -> int:
-        mv = memoryview(b).cast("B")
-        n = len(mv)
-        if n < (1 << 20):
-            self._buf += mv
-            if len(self._buf) >= self.BUF:
-                self._drain()
-        else:
-            self._drain()
-            self._emit(mv)
-        self.size += n
-        return n
+# -- rank state <-> index + raw tensor data ----------------------------------------------------
+def _byte_view(t: torch.Tensor) -> memoryview:
+    """The bytes of a contiguous CPU tensor, without a copy."""
+    if t.numel() == 0:
+        return memoryview(b"")
+    return t.reshape(-1).view(torch.uint8).numpy().data
 
-    def flush(self) -> None:
-        pass
 
-    def close_durable(self) -> str:
+def _flatten(obj: Any, tensors: list[torch.Tensor], seen: dict[tuple[Any, ...], int]) -> Any:
+    """Replace tensors by ``{_REF: i}``, collecting them (deduplicated) in ``tensors``."""
+    if isinstance(obj, torch.Tensor):
+        t = obj.detach()
+        if t.device.type != "cpu":
+            t = t.cpu()
+        if not t.is_contiguous():
+            t = t.contiguous()
+        key = (t.data_ptr(), t.dtype, tuple(t.shape))
+        idx = seen.get(key)
+        if idx is None:
+            idx = seen[key] = len(tensors)
+            tensors.append(t)  # kept alive, so data_ptr keys cannot be reused
+        return {_REF: idx}
+    if isinstance(obj, dict):
+        return {k: _flatten(v, tensors, seen) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_flatten(v, tensors, seen) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(_flatten(v, tensors, seen) for v in obj)
+    return obj
+
+
+def _unflatten(obj: Any, tensors: list[torch.Tensor]) -> Any:
+    if isinstance(obj, dict):
+        if len(obj) == 1 and _REF in obj:
+            return tensors[obj[_REF]]
+        return {k: _unflatten(v, tensors) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_unflatten(v, tensors) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(_unflatten(v, tensors) for v in obj)
+    return obj
+
+
+def _dtype(name: str) -> torch.dtype:
+    dt = getattr(torch, name, None)
+    if not isinstance(dt, torch.dtype):
+        raise ValueError(f"unknown dtype {name!r}")
+    return dt
+
+
+def _pieces(
+    table: list[dict[str, Any]], views: list[memoryview], a: int, b: int
+) -> list[memoryview]:
+    """Views of the stream bytes [a, b) (tensor ``i`` occupies [offset, offset+nbytes))."""
+    out = []
+    for ent, mv in zip(table, views, strict=True):
+        lo, hi = ent["offset"], ent["offset"] + ent["nbytes"]
+        if hi <= a or lo >= b or hi == lo:
+            continue
+        out.append(mv[max(a, lo) - lo : min(b, hi) - lo])
+    return out
+
+
+def save_rank(state: dict[str, Any], d: str, rank: int) -> list[dict[str, Any]]:
+    """Write one rank's state durably as an index file + data files (in parallel); returns
+    [{name, role, size, sha256}] with the index first. Every file is fsynced on return."""
+    tensors: list[torch.Tensor] = []
+    skeleton = _flatten(state, tensors, {})
+    views = [_byte_view(t) for t in tensors]
+    table: list[dict[str, Any]] = []
+    off = 0
+    for t, mv in zip(tensors, views, strict=True):
+        dt = str(t.dtype).removeprefix("torch.")
+        table.append({"dtype": dt, "shape": list(t.shape), "offset": off, "nbytes": len(mv)})
+        off += len(mv)
+    total = off
+    data_files: list[dict[str, Any]] = []
+    for i, a in enumerate(range(0, total, DATA_CHUNK)):
+        b = min(total, a + DATA_CHUNK)
+        data_files.append({"name": data_file_name(rank, i), "offset": a, "size": b - a})
+    index = {
+        "format": INDEX_FORMAT,
+        "rank": rank,
+        "state": skeleton,
+        "tensors": table,
+        "data_files": data_files,
+        "data_bytes": total,
+    }
+    index_bytes = serialize(index)
+    pool = _pool()
+    jobs = [
+        (
+            data_file_name(rank, i),
+            "data",
+            pool.submit(
+                _write_hashed,
+                os.path.join(d, f["name"]),
+                _pieces(table, views, f["offset"], f["offset"] + f["size"]),
+            ),
+        )
+        for i, f in enumerate(data_files)
+    ]
+    idx_name = rank_file_name(rank)
+    jobs.insert(
+        0,
+        (
+            idx_name,
+            "index",
+            pool.submit(_write_hashed, os.path.join(d, idx_name), [memoryview(index_bytes)]),
+        ),
+    )
+    out, err = [], None
+    for name, role, fut in jobs:  # wait for all, even after a failure
         try:
-            self._drain()
-            os.fsync(self.fd)
-        finally:
-            os.close(self.fd)
-        return self.h.hexdigest()
-
-    def abort(self) -> None:
-        with contextlib.suppress(OSError):
-            os.close(self.fd)
+            size, digest = fut.result()
+            out.append({"name": name, "role": role, "size": size, "sha256": digest})
+        except Exception as exc:
+            err = err or exc
+    if err is not None:
+        raise err
+    return out
 
 
-def save_hashed(obj: Any, path: str) -> tuple[int, str]:
-    """torch.save ``obj`` to ``path`` durably; returns (size, sha256)."""
-    f = HashingFile(path)
+def _read_into(path: str, pieces: list[memoryview], size: int) -> str:
+    """Read a file straight into ``pieces`` (in order) with large reads, hashing the same
+    bytes; returns the sha256. Raises if the file is shorter or longer than ``size``."""
+    h = hashlib.sha256()
+    fd = os.open(path, os.O_RDONLY)
     try:
-        # the zip CRC32 would be a second full pass over the data; sha256 covers integrity
-        _ser_config.save.compute_crc32 = False
-        torch.save(obj, f)  # type: ignore[arg-type]
-    except BaseException:
-        f.abort()
-        raise
-    digest = f.close_durable()
-    return f.size, digest
+        with contextlib.suppress(OSError, AttributeError):
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+        n = 0
+        for piece in pieces:
+            for mv in _blocks(piece):
+                got = 0
+                while got < len(mv):
+                    k = os.readv(fd, [mv[got:]])
+                    if k == 0:
+                        raise CheckpointError(
+                            "integrity_size_mismatch",
+                            f"{os.path.basename(path)}: shorter than the manifest size "
+                            f"{size} (truncated)",
+                        )
+                    got += k
+                h.update(mv)
+                n += got
+        if n != size or os.read(fd, 1):
+            raise CheckpointError(
+                "integrity_size_mismatch",
+                f"{os.path.basename(path)}: size differs from the manifest size {size}",
+            )
+    finally:
+        os.close(fd)
+    return h.hexdigest()
 
 
-def check_file(path: str, size: int | None, sha256: str | None) -> int:
-    """Check a file's size and hash against the manifest; raise CheckpointError on mismatch."""
-    name = os.path.basename(path)
+def rank_files(manifest: dict[str, Any], rank: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """(index entry, data entries) of ``rank`` in the manifest; missing_file if no index."""
+    mine = [f for f in manifest["files"] if int(f["rank"]) == rank]
+    index = [f for f in mine if f.get("role", "index") == "index"]
+    if not index:
+        raise CheckpointError("missing_file", f"manifest lists no index file for rank {rank}")
+    return index[0], [f for f in mine if f.get("role") == "data"]
+
+
+def _check_present(path: str, f: dict[str, Any]) -> None:
+    name = f["name"]
     try:
-        actual = os.path.getsize(path)
+        actual = os.path.getsize(os.path.join(path, name))
     except FileNotFoundError:
         raise CheckpointError("missing_file", f"{name}: file is missing") from None
-    if size is not None and actual != size:
+    if actual != f["size"]:
         raise CheckpointError(
             "integrity_size_mismatch",
-            f"{name}: size {actual} != manifest size {size}"
-            + (" (truncated)" if actual < size else ""),
+            f"{name}: size {actual} != manifest size {f['size']}"
+            + (" (truncated)" if actual < f["size"] else ""),
         )
-    if sha256 is not None:
-        got, actual = sha256_file(path)
-        if got != sha256:
+
+
+def _hash_error(name: str, got: str, want: str) -> CheckpointError:
+    return CheckpointError(
+        "integrity_hash_mismatch",
+        f"{name}: sha256 {got[:16]}... != manifest {want[:16]}... (content corrupted)",
+    )
+
+
+def read_index(
+    path: str, f: dict[str, Any], data: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    """Read, hash-check and parse a rank's index file; with ``data`` (the manifest's data
+    entries of that rank) also check that the index describes exactly those files."""
+    name = f["name"]
+    _check_present(path, f)
+    with open(os.path.join(path, name), "rb") as fh:
+        raw = fh.read()
+    got = hashlib.sha256(raw).hexdigest()
+    if got != f["sha256"]:
+        raise _hash_error(name, got, f["sha256"])
+    try:
+        index = deserialize(raw)
+        if not isinstance(index, dict) or index.get("format") != INDEX_FORMAT:
+            raise ValueError(f"not a {INDEX_FORMAT} index")
+        state = index["state"]
+        table = index["tensors"]
+        files = index["data_files"]
+        total = int(index["data_bytes"])
+        if not isinstance(state, dict):
+            raise ValueError("state is not a dict")
+        for ent in table:
+            if ent["offset"] < 0 or ent["nbytes"] < 0 or ent["offset"] + ent["nbytes"] > total:
+                raise ValueError("tensor table out of range")
+            numel = 1
+            for n in ent["shape"]:
+                numel *= int(n)
+            if numel * _dtype(ent["dtype"]).itemsize != ent["nbytes"]:
+                raise ValueError("tensor table entry size does not match dtype x shape")
+        pos = 0
+        for x in files:
+            if int(x["offset"]) != pos:
+                raise ValueError("data files do not tile the data stream")
+            pos += int(x["size"])
+        if pos != total:
+            raise ValueError("data files do not add up to the data size")
+    except Exception as exc:
+        raise CheckpointError(
+            "load_error", f"{name}: cannot be loaded: {_first_line(exc)}"
+        ) from None
+    if data is not None:
+        listed = [(x["name"], int(x["size"])) for x in data]
+        described = [(x["name"], int(x["size"])) for x in files]
+        if sorted(listed) != sorted(described):
             raise CheckpointError(
-                "integrity_hash_mismatch",
-                f"{name}: sha256 {got[:16]}... != manifest {sha256[:16]}...",
+                "load_error",
+                f"{name}: describes data files {[n for n, _ in described]} but the manifest "
+                f"lists {[n for n, _ in listed]}",
             )
-    return actual
+    return index
 
 
-def load_file(path: str, map_location: Any = "cpu") -> Any:
-    """torch.load with mmap (the hash was checked by check_file first). The tensors are
-    private mappings of the file: callers that keep them must copy (see Session.load)."""
-    return torch.load(path, map_location=map_location, weights_only=True, mmap=True)
+def _targets(
+    skel: Any, into: Any, table: list[dict[str, Any]], out: dict[int, torch.Tensor]
+) -> None:
+    """Map tensor indices of the skeleton to same-path tensors of ``into`` that can receive
+    the bytes directly (CPU, contiguous, same dtype and shape)."""
+    if isinstance(skel, dict) and isinstance(into, dict):
+        if len(skel) == 1 and _REF in skel:
+            return
+        for k, v in skel.items():
+            if k not in into:
+                continue
+            t = into[k]
+            if isinstance(v, dict) and len(v) == 1 and _REF in v:
+                ent = table[v[_REF]]
+                if (
+                    isinstance(t, torch.Tensor)
+                    and t.device.type == "cpu"
+                    and t.is_contiguous()
+                    and str(t.dtype).removeprefix("torch.") == ent["dtype"]
+                    and list(t.shape) == list(ent["shape"])
+                    and t.numel() * t.element_size() == ent["nbytes"]
+                ):
+                    out.setdefault(v[_REF], t.detach())
+            else:
+                _targets(v, t, table, out)
+
+
+def load_rank(
+    path: str, manifest: dict[str, Any], rank: int, into: dict[str, Any] | None = None
+) -> tuple[dict[str, Any], list[str], int]:
+    """Load one rank's state: verify sizes, read every data file into the tensors while
+    hashing it (files in parallel), compare with the manifest. Returns (state, file names
+    verified, bytes). Raises CheckpointError naming the first bad file.
+
+    Tensors are fresh memory, except that with ``into`` (e.g. ``{"model":
+    module.state_dict()}``) a tensor at the same path with the same dtype/shape receives the
+    bytes in place and is returned in the state (``load_state_dict`` then copies nothing).
+    If loading fails, such targets may hold partial data: treat them as garbage."""
+    fidx, data = rank_files(manifest, rank)
+    index = read_index(path, fidx, data)
+    for f in data:
+        _check_present(path, f)
+    table = index["tensors"]
+    direct: dict[int, torch.Tensor] = {}
+    if into:
+        _targets(index["state"], into, table, direct)
+    bufs = [
+        direct[i] if i in direct else torch.empty(int(e["nbytes"]), dtype=torch.uint8)
+        for i, e in enumerate(table)
+    ]
+    views = [_byte_view(b) for b in bufs]
+    want = {f["name"]: f["sha256"] for f in data}
+    pool = _pool()
+    futs = [
+        (
+            f["name"],
+            pool.submit(
+                _read_into,
+                os.path.join(path, f["name"]),
+                _pieces(table, views, int(f["offset"]), int(f["offset"]) + int(f["size"])),
+                int(f["size"]),
+            ),
+        )
+        for f in index["data_files"]
+    ]
+    err: CheckpointError | None = None
+    for name, fut in futs:
+        try:
+            got = fut.result()
+        except CheckpointError as exc:
+            err = err or exc
+            continue
+        except OSError as exc:
+            err = err or CheckpointError("load_error", f"{name}: cannot be read: {exc}")
+            continue
+        if got != want[name] and err is None:
+            err = _hash_error(name, got, want[name])
+    if err is not None:
+        raise err
+    tensors = [
+        b if i in direct else b.view(_dtype(e["dtype"])).reshape(e["shape"])
+        for i, (b, e) in enumerate(zip(bufs, table, strict=True))
+    ]
+    state = _unflatten(index["state"], tensors)
+    names = [fidx["name"]] + [f["name"] for f in index["data_files"]]
+    return state, names, int(fidx["size"]) + int(index["data_bytes"])
+
+
+def read_rank(path: str, rank: int = 0) -> dict[str, Any]:
+    """Convenience: the verified state of ``rank`` in the checkpoint at ``path``."""
+    return load_rank(path, load_manifest(path), rank)[0]
 
 
 # -- snapshot --------------------------------------------------------------------------------
@@ -239,25 +542,75 @@ def clone_to_cpu(obj: Any) -> Any:
     return obj
 
 
-def clone_into(obj: Any, cache: dict[str, torch.Tensor], key: str = "") -> Any:
+COPY_PIECE = 4 << 20
+
+
+def _copy_jobs(jobs: list[tuple[torch.Tensor, torch.Tensor]], nthreads: int) -> None:
+    """dst.copy_(src) for CPU tensor pairs: single-threaded memcpys (np.copyto releases the
+    GIL) of <= COPY_PIECE slices pulled from a shared queue by the calling thread and
+    ``nthreads - 1`` pool threads. If a core is taken by another process the other thread
+    simply copies more; torch's OpenMP copy instead waits at a barrier for the descheduled
+    thread (measured 5-10x slower under contention on a shared 2-core VM)."""
+    pieces: list[tuple[memoryview, memoryview]] = []
+    for d, s in jobs:
+        if not d.numel():
+            continue
+        dv, sv = _byte_view(d), _byte_view(s)
+        for off in range(0, len(sv), COPY_PIECE):
+            pieces.append((dv[off : off + COPY_PIECE], sv[off : off + COPY_PIECE]))
+    queue = iter(pieces)
+    lock = threading.Lock()
+
+    def run() -> None:
+        while True:
+            with lock:
+                item = next(queue, None)
+            if item is None:
+                return
+            np.copyto(np.frombuffer(item[0], np.uint8), np.frombuffer(item[1], np.uint8))
+
+    helpers = min(nthreads, len(pieces)) - 1
+    futs = [_pool().submit(run) for _ in range(max(0, helpers))]
+    try:
+        run()
+    finally:
+        for fut in futs:
+            fut.result()
+
+
+def clone_into(
+    obj: Any,
+    cache: dict[str, torch.Tensor],
+    key: str = "",
+    jobs: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
+) -> Any:
     """Like clone_to_cpu, but reuses CPU buffers from ``cache`` (same key, shape, dtype), so
     steady-state async snapshots are a memcpy without fresh allocations/page faults. Only
-    safe when the previous snapshot has been written (CheckpointWriter.save waits for it)."""
+    safe when the previous snapshot has been written (CheckpointWriter.save waits for it).
+    With ``jobs``, CPU->CPU copies are deferred into it (run them with ``copy_tensors``)."""
     if isinstance(obj, torch.Tensor):
         t = obj.detach()
         buf = cache.get(key)
         if buf is None or buf.shape != t.shape or buf.dtype != t.dtype:
             buf = torch.empty(t.shape, dtype=t.dtype, device="cpu")
             cache[key] = buf
-        buf.copy_(t)
+        if jobs is not None and t.device.type == "cpu" and t.is_contiguous():
+            jobs.append((buf, t))
+        else:
+            buf.copy_(t)
         return buf
     if isinstance(obj, dict):
-        return {k: clone_into(v, cache, f"{key}/{k}") for k, v in obj.items()}
+        return {k: clone_into(v, cache, f"{key}/{k}", jobs) for k, v in obj.items()}
     if isinstance(obj, list):
-        return [clone_into(v, cache, f"{key}/{i}") for i, v in enumerate(obj)]
+        return [clone_into(v, cache, f"{key}/{i}", jobs) for i, v in enumerate(obj)]
     if isinstance(obj, tuple):
-        return tuple(clone_into(v, cache, f"{key}/{i}") for i, v in enumerate(obj))
+        return tuple(clone_into(v, cache, f"{key}/{i}", jobs) for i, v in enumerate(obj))
     return obj
+
+
+def copy_tensors(jobs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    """Run the copies deferred by clone_into on all cores (see _copy_jobs)."""
+    _copy_jobs(jobs, max(1, min(os.cpu_count() or 1, io_workers())))
 
 
 def serialize(obj: Any) -> bytes:
@@ -347,9 +700,11 @@ def load_manifest(path: str) -> dict[str, Any]:
 def verify(path: str, deep: bool = True) -> dict[str, Any]:
     """Integrity report for a checkpoint directory (never raises for a bad checkpoint).
 
-    Checks, in order: manifest present and parsable; every listed file present, of the listed
-    size and sha256; the required state keys listed; with ``deep`` each file is also loaded
-    and its keys checked. ``reason``/``reason_code`` describe the first failure.
+    Checks, in order: manifest present and parsable; every listed file (index and data files
+    of every rank) present, of the listed size and sha256 (files hashed in parallel); each
+    rank has an index listing the required state keys; with ``deep`` each index is also
+    loaded, its keys checked and its data-file list matched against the manifest.
+    ``reason``/``reason_code`` describe the first failure.
     """
     t0 = time.perf_counter()
     report: dict[str, Any] = {
@@ -376,14 +731,14 @@ def verify(path: str, deep: bool = True) -> dict[str, Any]:
     report["world_size_at_save"] = manifest["world_size"]
     report["state_keys"] = manifest["state_keys"]
     report["async"] = manifest.get("async")
-    ranks_listed = set()
+    to_hash: list[tuple[dict[str, Any], dict[str, Any]]] = []
     for f in manifest["files"]:
-        name, rank = f["name"], f["rank"]
-        ranks_listed.add(rank)
+        name = f["name"]
         fpath = os.path.join(path, name)
         item: dict[str, Any] = {
             "name": name,
-            "rank": rank,
+            "rank": f["rank"],
+            "role": f.get("role", "index"),
             "size": f["size"],
             "sha256": f["sha256"],
             "exists": os.path.isfile(fpath),
@@ -393,52 +748,78 @@ def verify(path: str, deep: bool = True) -> dict[str, Any]:
         }
         report["files"].append(item)
         if not item["exists"]:
-            problems.append(("missing_file", f"{name}: file is missing"))
             continue
-        actual = os.path.getsize(fpath)
-        item["actual_size"] = actual
-        if actual != f["size"]:
-            trunc = " (truncated)" if actual < f["size"] else ""
-            problems.append(
-                (
-                    "integrity_size_mismatch",
-                    f"{name}: size {actual} != manifest size {f['size']}{trunc}",
-                )
-            )
+        item["actual_size"] = os.path.getsize(fpath)
+        if item["actual_size"] == f["size"]:
+            item["size_ok"] = True
+            to_hash.append((f, item))
+    digests = sha256_files([os.path.join(path, f["name"]) for f, _ in to_hash])
+    for (f, item), res in zip(to_hash, digests, strict=True):
+        if isinstance(res, BaseException):
+            item["error"] = _first_line(res)
             continue
-        item["size_ok"] = True
-        digest, n = sha256_file(fpath)
+        digest, n = res
         report["bytes"] += n
-        if digest != f["sha256"]:
+        item["actual_sha256"] = digest
+        item["sha256_ok"] = digest == f["sha256"]
+    bad_ranks: set[int] = set()
+    for f, item in zip(manifest["files"], report["files"], strict=True):
+        name, rank = f["name"], int(f["rank"])
+        if item["sha256_ok"]:
+            continue
+        bad_ranks.add(rank)
+        if not item["exists"]:
+            problems.append(("missing_file", f"{name}: file is missing"))
+        elif not item["size_ok"]:
+            actual, size = item["actual_size"], f["size"]
+            trunc = " (truncated)" if actual < size else ""
+            problems.append(
+                ("integrity_size_mismatch", f"{name}: size {actual} != manifest size {size}{trunc}")
+            )
+        elif "error" in item:
+            problems.append(("load_error", f"{name}: cannot be read: {item['error']}"))
+        else:
             problems.append(
                 (
                     "integrity_hash_mismatch",
-                    f"{name}: sha256 {digest[:16]}... != manifest "
+                    f"{name}: sha256 {item['actual_sha256'][:16]}... != manifest "
                     f"{f['sha256'][:16]}... (content corrupted)",
                 )
             )
+    ranks_listed: set[int] = set()
+    for f, item in zip(manifest["files"], report["files"], strict=True):
+        if item["role"] != "index":
             continue
-        item["sha256_ok"] = True
+        rank = int(f["rank"])
+        ranks_listed.add(rank)
+        if rank in bad_ranks:
+            continue
         missing_listed = [k for k in required_keys(rank) if k not in f.get("keys", [])]
         if missing_listed:
             item["keys_ok"] = False
             report["missing_state"] += [f"{k} (rank {rank})" for k in missing_listed]
             problems.append(
-                ("missing_state", f"{name}: required state {', '.join(missing_listed)} not present")
+                (
+                    "missing_state",
+                    f"{f['name']}: required state {', '.join(missing_listed)} not present",
+                )
             )
             continue
         if deep:
             try:
-                obj = load_file(fpath)
-            except Exception as exc:
-                problems.append(("load_error", f"{name}: cannot be loaded: {_first_line(exc)}"))
+                index = read_index(path, f, rank_files(manifest, rank)[1])
+            except CheckpointError as exc:
+                problems.append((exc.code, exc.reason))
                 continue
-            absent = [k for k in required_keys(rank) if not isinstance(obj, dict) or k not in obj]
+            absent = [k for k in required_keys(rank) if k not in index["state"]]
             if absent:
                 item["keys_ok"] = False
                 report["missing_state"] += [f"{k} (rank {rank})" for k in absent]
                 problems.append(
-                    ("missing_state", f"{name}: required state {', '.join(absent)} not present")
+                    (
+                        "missing_state",
+                        f"{f['name']}: required state {', '.join(absent)} not present",
+                    )
                 )
                 continue
         item["keys_ok"] = True
@@ -448,7 +829,8 @@ def verify(path: str, deep: bool = True) -> dict[str, Any]:
         problems.append(
             (
                 "missing_file",
-                f"manifest lists no file for rank(s) {gone} of world size {manifest['world_size']}",
+                f"manifest lists no index file for rank(s) {gone} of world size "
+                f"{manifest['world_size']}",
             )
         )
     if problems:
@@ -567,18 +949,15 @@ class CheckpointWriter:
         t0 = time.perf_counter()
         d = os.path.join(self.root, step_dir_name(step))
         os.makedirs(d, exist_ok=True)
-        name = rank_file_name(self.rank)
-        size, digest = save_hashed(state, os.path.join(d, name))
+        files = save_rank(state, d, self.rank)
         info = {
-            "name": name,
             "rank": self.rank,
-            "size": size,
-            "sha256": digest,
+            "files": files,
             "keys": sorted(state.keys()),
             "save_id": self.save_id,
         }
         del state
-        atomic_write_json(os.path.join(d, f"rank-{self.rank:05d}.json"), info)
+        atomic_write_json(os.path.join(d, sidecar_name(self.rank)), info)
         if self.rank != 0:
             return
         files = self._collect_sidecars(d)
@@ -592,9 +971,20 @@ class CheckpointWriter:
             "format": FORMAT,
             "step": step,
             "world_size": self.world_size,
-            "files": [{k: f[k] for k in ("name", "rank", "size", "sha256", "keys")} for f in files],
+            "files": [
+                {
+                    "name": x["name"],
+                    "rank": f["rank"],
+                    "role": x["role"],
+                    "size": x["size"],
+                    "sha256": x["sha256"],
+                    **({"keys": f["keys"]} if x["role"] == "index" else {}),
+                }
+                for f in files
+                for x in f["files"]
+            ],
             "state_keys": state_keys,
-            "total_bytes": sum(f["size"] for f in files),
+            "total_bytes": sum(x["size"] for f in files for x in f["files"]),
             "created": time.time(),
             "async": self.async_save,
             "save_id": self.save_id,
@@ -623,7 +1013,7 @@ class CheckpointWriter:
             for r in range(self.world_size):
                 if r in files:
                     continue
-                p = os.path.join(d, f"rank-{r:05d}.json")
+                p = os.path.join(d, sidecar_name(r))
                 try:
                     with open(p, encoding="utf-8") as fh:
                         info = json.load(fh)

@@ -179,10 +179,11 @@ class Session:
     def snapshot(self, copy: bool = True) -> dict[str, Any]:
         """This rank's checkpoint state; ``copy`` clones every tensor to CPU (async saves)."""
         cache = self._snap_cache
+        jobs: list[tuple[torch.Tensor, torch.Tensor]] = []
 
         def conv(obj: Any, key: str) -> Any:
             if copy or self.device.type != "cpu":
-                return ck.clone_into(obj, cache, key)
+                return ck.clone_into(obj, cache, key, jobs)
             return obj
 
         state: dict[str, Any] = {
@@ -194,47 +195,46 @@ class Session:
             state["model"] = conv(self.model.state_dict(), "model")
             state["optimizer"] = conv(self.opt.state_dict(), "optimizer")
             state["scheduler"] = ck.clone_to_cpu(self.sched.state_dict())
+        ck.copy_tensors(jobs)  # the bulk memcpy, split over the cores
         return state
 
     def load(self, path: str, manifest: dict[str, Any]) -> dict[str, Any]:
         """Load a verified checkpoint onto this rank. Raises CheckpointError."""
         t0 = time.perf_counter()
-        files = {int(f["rank"]): f for f in manifest["files"]}
+        ranks = {int(f["rank"]) for f in manifest["files"] if f.get("role") == "index"}
         w_save = int(manifest["world_size"])
         report: dict[str, Any] = {"files_verified": [], "bytes": 0, "notes": []}
 
-        def read(rank: int) -> dict[str, Any]:
-            f = files[rank]
-            fpath = os.path.join(path, f["name"])
-            report["bytes"] += ck.check_file(fpath, f["size"], f["sha256"])
-            report["files_verified"].append(f["name"])
-            try:
-                obj = ck.load_file(fpath)
-            except Exception as exc:
-                raise ck.CheckpointError(
-                    "load_error", f"{f['name']}: cannot load: {ck._first_line(exc)}"
-                ) from None
+        def read(rank: int, into: dict[str, Any] | None = None) -> dict[str, Any]:
+            # sizes + sha256 of the index and every data file, checked while reading
+            obj, names, nbytes = ck.load_rank(path, manifest, rank, into)
+            report["bytes"] += nbytes
+            report["files_verified"] += names
             missing = [k for k in ck.required_keys(rank) if k not in obj]
             if missing:
                 raise ck.CheckpointError(
-                    "missing_state", f"{f['name']}: required state {', '.join(missing)} missing"
+                    "missing_state",
+                    f"{names[0]}: required state {', '.join(missing)} missing",
                 )
             return obj
 
-        if 0 not in files:
-            raise ck.CheckpointError("missing_file", "manifest lists no rank-0 file")
-        st0 = read(0)
+        if 0 not in ranks:
+            raise ck.CheckpointError("missing_file", "manifest lists no rank-0 index file")
+        # the weights are read straight into the parameters (load_state_dict then checks
+        # keys/shapes and copies nothing); on failure the session is unusable anyway
+        with torch.no_grad():
+            st0 = read(0, {"model": self.model.state_dict()})
         try:
             self.model.load_state_dict(st0["model"], strict=True)
-            # copy: the loaded tensors map the checkpoint file, which must not stay referenced
-            self.opt.load_state_dict(ck.clone_to_cpu(st0["optimizer"]))
+            # the loaded tensors are fresh private memory: no copy needed
+            self.opt.load_state_dict(st0["optimizer"])
             self.sched.load_state_dict(st0["scheduler"])
         except (RuntimeError, ValueError, KeyError) as exc:
             msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise ck.CheckpointError(
                 "load_error", f"state does not fit this config/model: {msg}"
             ) from None
-        mine = st0 if self.rank == 0 else (read(self.rank) if self.rank in files else None)
+        mine = st0 if self.rank == 0 else (read(self.rank) if self.rank in ranks else None)
         if mine is not None:
             set_rng_state(mine["rng"], self.device)
         else:

@@ -45,7 +45,12 @@ def test_two_rank_ddp(two_rank_run, one_rank_g8):
     assert [r["rank"] for r in acc["ranks"]] == [0, 1]
     rep = ck.verify(str(ckpt(two_rank_run, 3)))
     assert rep["ok"] and rep["world_size_at_save"] == 2
-    assert [f["name"] for f in rep["files"]] == ["rank-00000.pt", "rank-00001.pt"]
+    assert [(f["name"], f["role"]) for f in rep["files"]] == [
+        ("rank-00000.pt", "index"),
+        ("rank-00000-0000.bin", "data"),
+        ("rank-00001.pt", "index"),
+        ("rank-00001-0000.bin", "data"),
+    ]
     # DDP over 2 x 4 samples computes what one process does over the same 8 samples
     close(losses(two_rank_run), losses(one_rank_g8))
 
@@ -104,7 +109,12 @@ def test_two_rank_drill_exact_and_reshard_tolerance(two_rank_run, tmp_path):
     doc = json.loads(out.read_text())
     assert doc["verdict"] == "passed" and doc["mode"] == "exact"
     assert [r["rank"] for r in doc["ranks"]] == [0, 1] and all(r["ok"] for r in doc["ranks"])
-    assert doc["ranks"][1]["files"] == ["rank-00000.pt", "rank-00001.pt"]
+    assert doc["ranks"][1]["files"] == [
+        "rank-00000.pt",
+        "rank-00000-0000.bin",
+        "rank-00001.pt",
+        "rank-00001-0000.bin",
+    ]
     # the same checkpoint drilled on one rank: tolerance mode
     out1 = tmp_path / "d1.json"
     assert (

@@ -34,7 +34,9 @@ def test_drill_passes_on_good_checkpoint(base_run, tmp_path):
     assert doc["checkpoint"]["step"] == 3 and doc["checkpoint"]["world_size_at_save"] == 1
     assert doc["allocation"]["world_size"] == 1 and len(doc["allocation"]["nodes"]) == 1
     r = doc["ranks"][0]
-    assert r["ok"] and r["files_verified"] == 1 and r["bytes"] > 0
+    # the rank's index and its data file(s), each re-hashed while loading
+    assert r["ok"] and r["files"] == ["rank-00000.pt", "rank-00000-0000.bin"]
+    assert r["files_verified"] == 2 and r["bytes"] > 0
     for k in ("integrity_s", "load_s", "steps_s", "per_step_s", "total_s"):
         assert doc["timings"][k] >= 0
     assert "torch" in doc["versions"]
