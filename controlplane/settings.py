@@ -169,6 +169,10 @@ CELERY_TASK_ALWAYS_EAGER = False
 CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
     "clusters-sync-due": {"task": "nodes.clusters_sync_due", "schedule": 2.0},
     "clusters-reconcile-due": {"task": "jobs.clusters_reconcile_due", "schedule": 1.0},
+    "drill-policies": {
+        "task": "jobs.drill_policies_apply",
+        "schedule": float(envint("GANTRY_DRILL_POLICY_INTERVAL", 30, minimum=1)),
+    },
 }
 
 # Cluster access. Private keys and known_hosts files live here, 0600, never in the database.
@@ -181,6 +185,7 @@ SUBMIT_LEASE_SECONDS = envint("GANTRY_SUBMIT_LEASE", 120, minimum=5)
 SUBMIT_REQUEUE_AFTER_SECONDS = envint("GANTRY_SUBMIT_REQUEUE_AFTER", 60, minimum=5)
 JOB_LOST_AFTER_SECONDS = envint("GANTRY_JOB_LOST_AFTER", 600, minimum=30)
 DRILL_DEFAULT_STEPS = envint("GANTRY_DRILL_DEFAULT_STEPS", 5, minimum=1, maximum=10000)
+DRILL_SUBMIT_RETRIES = envint("GANTRY_DRILL_SUBMIT_RETRIES", 6, minimum=0, maximum=50)
 
 # REST API.
 REST_FRAMEWORK = {

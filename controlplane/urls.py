@@ -8,6 +8,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from controlplane import views
 from controlplane.api_views import AuditEventListApi, MeApi
 from jobs import api as job_api
+from jobs import drill_api, drill_views
 from jobs import views as job_views
 from nodes import api as node_api
 from nodes import views as node_views
@@ -43,6 +44,29 @@ api_v1 = [
     path("jobs/<uuid:job_id>/logs/", job_api.JobLogsApi.as_view(), name="job-logs"),
     path("jobs/<uuid:job_id>/events/", job_api.JobEventsApi.as_view(), name="job-events"),
     path("trainer/presets/", job_api.TrainerPresetsApi.as_view(), name="trainer-presets"),
+    path(
+        "checkpoints/<int:checkpoint_id>/",
+        drill_api.CheckpointDetailApi.as_view(),
+        name="checkpoint-detail",
+    ),
+    path(
+        "checkpoints/<int:checkpoint_id>/verify/",
+        drill_api.CheckpointVerifyApi.as_view(),
+        name="checkpoint-verify",
+    ),
+    path(
+        "checkpoints/<int:checkpoint_id>/drills/",
+        drill_api.DrillStartApi.as_view(),
+        name="drill-start",
+    ),
+    path("drills/", drill_api.DrillListApi.as_view(), name="drill-list"),
+    path("drills/<uuid:drill_id>/", drill_api.DrillDetailApi.as_view(), name="drill-detail"),
+    path("drills/<uuid:drill_id>/cancel/", drill_api.DrillCancelApi.as_view(), name="drill-cancel"),
+    path(
+        "clusters/<int:cluster_id>/drill-policy/",
+        drill_api.DrillPolicyApi.as_view(),
+        name="drill-policy",
+    ),
 ]
 
 urlpatterns = [
@@ -63,7 +87,30 @@ urlpatterns = [
         job_views.job_resume_action,
         name="job-resume",
     ),
-    path("drills/", job_views.drill_list_page, name="drill-list"),
+    path("drills/", drill_views.drill_list_page, name="drill-list"),
+    path("drills/<uuid:drill_id>/", drill_views.drill_detail_page, name="drill-detail"),
+    path("drills/<uuid:drill_id>/status/", drill_views.drill_status_partial, name="drill-status"),
+    path("drills/<uuid:drill_id>/cancel/", drill_views.drill_cancel_action, name="drill-cancel"),
+    path(
+        "jobs/<uuid:job_id>/checkpoints/<int:step>/",
+        drill_views.checkpoint_page,
+        name="checkpoint",
+    ),
+    path(
+        "checkpoints/<int:checkpoint_id>/drill/",
+        drill_views.checkpoint_drill_action,
+        name="checkpoint-drill",
+    ),
+    path(
+        "checkpoints/<int:checkpoint_id>/verify/",
+        drill_views.checkpoint_verify_action,
+        name="checkpoint-verify",
+    ),
+    path(
+        "clusters/<int:cluster_id>/drill-policy/",
+        drill_views.drill_policy_action,
+        name="drill-policy",
+    ),
     path(
         "accounts/login/",
         auth_views.LoginView.as_view(template_name="registration/login.html"),

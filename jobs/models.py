@@ -140,6 +140,10 @@ class Job(models.Model):
             return []
 
     @property
+    def newest_proven_checkpoint(self) -> Checkpoint | None:
+        return self.checkpoints.filter(last_proven_at__isnull=False).order_by("-step").first()
+
+    @property
     def progress(self) -> float | None:
         if not self.total_steps or self.last_step is None:
             return None
@@ -210,9 +214,13 @@ class Checkpoint(models.Model):
     )
     integrity_detail = models.TextField(blank=True)
     integrity_checked_at = models.DateTimeField(null=True, blank=True)
+    integrity_report = models.JSONField(null=True, blank=True)
     saved_at = models.DateTimeField(null=True, blank=True)
     registered_at = models.DateTimeField(auto_now_add=True)
     last_proven_at = models.DateTimeField(null=True, blank=True)
+    deleted_at = models.DateTimeField(
+        null=True, blank=True, help_text="When the trainer's retention removed it from the cluster."
+    )
 
     class Meta:
         ordering = ["job", "-step"]
@@ -240,7 +248,13 @@ class RestoreDrill(models.Model):
         FAILED = "failed"
         ERROR = "error", "error (the drill could not run; not a verdict on the checkpoint)"
 
+    class Trigger(models.TextChoices):
+        MANUAL = "manual"
+        POLICY_RUNNING = "policy_running", "policy: newest checkpoint of a running job"
+        POLICY_FINAL = "policy_final", "policy: final checkpoint of a completed job"
+
     ACTIVE_STATES = frozenset({State.QUEUED, State.SUBMITTING, State.PENDING, State.RUNNING})
+    SLURM_ACTIVE_STATES = frozenset({State.PENDING, State.RUNNING})
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     checkpoint = models.ForeignKey(Checkpoint, on_delete=models.CASCADE, related_name="drills")
@@ -264,6 +278,14 @@ class RestoreDrill(models.Model):
     reason_code = models.CharField(max_length=64, blank=True)
     evidence = models.JSONField(null=True, blank=True)
     slurm_job_id = models.CharField(max_length=32, blank=True)
+    trigger = models.CharField(max_length=16, choices=Trigger.choices, default=Trigger.MANUAL)
+    cluster = models.ForeignKey(
+        Cluster, on_delete=models.CASCADE, related_name="restore_drills", null=True
+    )
+    submit_attempts = models.PositiveSmallIntegerField(default=0)
+    submit_lease_until = models.DateTimeField(null=True, blank=True)
+    last_seen_in_slurm_at = models.DateTimeField(null=True, blank=True)
+    exit_code = models.IntegerField(null=True, blank=True)
 
     integrity_s = models.FloatField(null=True, blank=True)
     load_s = models.FloatField(null=True, blank=True)
@@ -291,6 +313,7 @@ class RestoreDrill(models.Model):
             ),
         ]
         indexes = [
+            models.Index(fields=["cluster", "state"], name="drill_cluster_state"),
             models.Index(fields=["state", "-created_at"], name="drill_state_created"),
             models.Index(fields=["verdict", "-finished_at"], name="drill_verdict_finished"),
         ]
@@ -305,3 +328,35 @@ class RestoreDrill(models.Model):
     @property
     def is_active(self) -> bool:
         return self.state in self.ACTIVE_STATES
+
+
+class DrillPolicy(models.Model):
+    """Per cluster, set by operators: which restore drills Gantry starts by itself."""
+
+    cluster = models.OneToOneField(Cluster, on_delete=models.CASCADE, related_name="drill_policy")
+    enabled = models.BooleanField(default=False)
+    running_every_hours = models.FloatField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(0.01)],
+        help_text="Drill the newest checkpoint of every running job this often; empty: never.",
+    )
+    drill_final_checkpoint = models.BooleanField(
+        default=False, help_text="Drill each job's final checkpoint when it completes."
+    )
+    max_in_flight = models.PositiveSmallIntegerField(
+        default=2, validators=[MinValueValidator(1)], help_text="At most this many drills at once."
+    )
+    steps = models.PositiveIntegerField(default=5, validators=[MinValueValidator(1)])
+    updated_at = models.DateTimeField(auto_now=True)
+    updated_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    # Completed jobs that ended before the policy was switched on are not drilled after the fact.
+    final_since = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        verbose_name_plural = "drill policies"
+
+    def __str__(self) -> str:
+        return f"drill policy of {self.cluster}"

@@ -8,7 +8,7 @@ from django.db.models import QuerySet
 from django.http import Http404
 
 from controlplane.roles import is_operator
-from jobs.models import Job, RestoreDrill
+from jobs.models import Checkpoint, Job, RestoreDrill
 
 
 def job_list_for_user(*, user: Any) -> QuerySet[Job]:
@@ -120,3 +120,56 @@ def job_throughput_now(*, job: Job, window: int = 20) -> float | None:
     )
     values = [value for value in recent if value is not None]
     return sum(values) / len(values) if values else None
+
+
+def checkpoint_get_for_user(*, user: Any, checkpoint_id: int) -> Checkpoint:
+    """A checkpoint of a job the user may see; 404 otherwise (no existence leak)."""
+    checkpoints = Checkpoint.objects.select_related("job", "job__cluster", "job__owner")
+    if not is_operator(user):
+        if not getattr(user, "is_authenticated", False):
+            raise Http404("No such checkpoint.")
+        checkpoints = checkpoints.filter(job__owner=user)
+    try:
+        return checkpoints.get(pk=checkpoint_id)
+    except (Checkpoint.DoesNotExist, ValueError, TypeError):
+        raise Http404("No such checkpoint.") from None
+
+
+def drill_fleet_health(*, user: Any) -> dict[str, Any]:
+    """Share of running jobs whose newest checkpoint is proven, recent failures,
+    the time-to-restore distribution and drills in flight."""
+    jobs = job_list_for_user(user=user).filter(state=Job.State.RUNNING)
+    running = 0
+    proven = 0
+    for job in jobs.prefetch_related("checkpoints"):
+        running += 1
+        newest = max(job.checkpoints.all(), key=lambda c: c.step, default=None)
+        if newest is not None and newest.last_proven_at is not None:
+            proven += 1
+    drills = restore_drill_list_for_user(user=user)
+    failures = list(
+        drills.filter(verdict=RestoreDrill.Verdict.FAILED).order_by("-finished_at")[:10]
+    )
+    errors = list(drills.filter(verdict=RestoreDrill.Verdict.ERROR).order_by("-finished_at")[:5])
+    load_times = list(
+        drills.filter(verdict=RestoreDrill.Verdict.PASSED, load_s__isnull=False)
+        .order_by("-finished_at")
+        .values_list("load_s", flat=True)[:500]
+    )
+    in_flight = list(drills.filter(state__in=RestoreDrill.ACTIVE_STATES).order_by("created_at"))
+    proven_checkpoints = Checkpoint.objects.filter(
+        last_proven_at__isnull=False, job__in=job_list_for_user(user=user)
+    ).count()
+    return {
+        "running_jobs": running,
+        "running_jobs_proven": proven,
+        "proven_share": (proven / running) if running else None,
+        "recent_failures": failures,
+        "recent_errors": errors,
+        "load_times": sorted(load_times),
+        "in_flight": in_flight,
+        "proven_checkpoints": proven_checkpoints,
+        "passed": drills.filter(verdict=RestoreDrill.Verdict.PASSED).count(),
+        "failed": drills.filter(verdict=RestoreDrill.Verdict.FAILED).count(),
+        "errored": drills.filter(verdict=RestoreDrill.Verdict.ERROR).count(),
+    }

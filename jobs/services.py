@@ -387,6 +387,18 @@ def job_submit_to_slurm(*, job_id: str) -> str:
     )
     if not claimed:
         return "not claimable (already submitted, being submitted, or ended)"
+    try:
+        return _job_submit_claimed(job_id)
+    except slurm_errors.SlurmError as error:
+        if error.transient:
+            # Let the task's retry claim it at once instead of waiting out the lease.
+            Job.objects.filter(id=job_id, state=Job.State.SUBMITTING).update(
+                submit_lease_until=None
+            )
+        raise
+
+
+def _job_submit_claimed(job_id: str) -> str:
     job = Job.objects.select_related("cluster", "resume_from").get(id=job_id)
     if job.submit_attempts == 1:
         _event(job, "state", Job.State.QUEUED, Job.State.SUBMITTING)
@@ -553,6 +565,11 @@ def job_resume(
     its parent. Refused when the checkpoint failed its integrity check."""
     parent = checkpoint.job
     _check_can_act(actor, parent)
+    if checkpoint.deleted_at is not None:
+        raise FieldError(
+            "checkpoint",
+            f"step {checkpoint.step} was removed from the cluster by the trainer's retention",
+        )
     if checkpoint.integrity == Checkpoint.Integrity.FAILED:
         raise FieldError(
             "checkpoint",
@@ -881,6 +898,13 @@ def _read_run_files(
             Job.objects.filter(id=job.id, acceptance__isnull=True).update(acceptance=acceptance)
         except (ValueError, slurm_errors.RemoteFileNotFound):
             pass
+    present = {path.rsplit("/", 2)[-2] for path in files.manifests}
+    for step_name in sorted(known_steps - present):
+        # The trainer's retention (checkpoint_keep) deleted it: keep the row, say so.
+        step_number = int(step_name.split("-")[1])
+        Checkpoint.objects.filter(job=job, step=step_number, deleted_at__isnull=True).update(
+            deleted_at=timezone.now()
+        )
     for manifest_path in files.manifests:
         step_dir = manifest_path.rsplit("/", 2)[-2]
         if step_dir in known_steps:
@@ -895,9 +919,16 @@ def _read_run_files(
 
 
 def cluster_reconcile(*, cluster_id: int) -> ReconcileResult:
-    """One watcher cycle for a cluster: one squeue for all active jobs, at most one sacct
-    for those that left the queue (or finished), one command that lists every watched run
-    directory's files; then SFTP reads of only the new bytes. Safe to re-run anytime."""
+    """One watcher cycle for a cluster: one squeue for all active jobs and drills, at most
+    one sacct for those that left the queue (or finished), one command that lists every
+    watched run directory's files; then SFTP reads of only the new bytes.
+
+    Cost in remote commands does not grow with the number of jobs. Safe to re-run
+    anytime: every change is a conditional update on the state it was read in.
+    """
+    from jobs.drills import drills_reconcile_states
+    from jobs.models import RestoreDrill
+
     cluster = Cluster.objects.get(pk=cluster_id)
     result = ReconcileResult()
     now = timezone.now()
@@ -907,6 +938,11 @@ def cluster_reconcile(*, cluster_id: int) -> ReconcileResult:
         .exclude(slurm_job_id="")
         .select_related("cluster")
     )
+    drills = list(
+        RestoreDrill.objects.filter(cluster=cluster, state__in=RestoreDrill.SLURM_ACTIVE_STATES)
+        .exclude(slurm_job_id="")
+        .select_related("checkpoint__job__cluster")
+    )
     watch_files = list(
         Job.objects.filter(cluster=cluster, files_final=False)
         .filter(
@@ -915,29 +951,38 @@ def cluster_reconcile(*, cluster_id: int) -> ReconcileResult:
         .exclude(slurm_job_id="")
         .select_related("cluster")
     )
-    if not active and not watch_files:
+    if not active and not watch_files and not drills:
         _reconcile_done(cluster, result, now)
         return result
     client = slurm_client_for(cluster)
     transport = transport_for(cluster)
     commands_before = transport.commands_run
     try:
-        if active:
-            queue = client.jobs_in_queue([job.slurm_job_id for job in active])
+        if active or drills:
+            ids = [job.slurm_job_id for job in active] + [drill.slurm_job_id for drill in drills]
+            queue = client.jobs_in_queue(ids)
             need_accounting = []
             for job in active:
                 seen = queue.get(job.slurm_job_id)
                 if seen is None or (gantry_state(seen.state) in Job.FINAL_STATES):
-                    need_accounting.append(job)
+                    need_accounting.append(job.slurm_job_id)
                 else:
                     _apply_slurm_view(job, seen, result, final_from_accounting=False)
+            for drill in drills:
+                seen = queue.get(drill.slurm_job_id)
+                if seen is None or (gantry_state(seen.state) in Job.FINAL_STATES):
+                    need_accounting.append(drill.slurm_job_id)
+            accounted: dict[str, SlurmJob] = {}
             if need_accounting:
+                starts = [job.submitted_at or job.created_at for job in active] + [
+                    drill.submitted_at or drill.created_at for drill in drills
+                ]
                 accounted = client.jobs_accounting(
-                    [job.slurm_job_id for job in need_accounting],
-                    start=min(job.submitted_at or job.created_at for job in need_accounting)
-                    - timedelta(hours=1),
+                    need_accounting, start=min(starts) - timedelta(hours=1)
                 )
-                for job in need_accounting:
+                for job in active:
+                    if job.slurm_job_id not in need_accounting:
+                        continue
                     record = accounted.get(job.slurm_job_id)
                     if record is not None:
                         _apply_slurm_view(job, record, result, final_from_accounting=True)
@@ -946,6 +991,10 @@ def cluster_reconcile(*, cluster_id: int) -> ReconcileResult:
                         Job.objects.filter(id=job.id).update(last_seen_in_slurm_at=now)
                     else:
                         _maybe_lost(job, result, now)
+            if drills:
+                result.state_changes += drills_reconcile_states(
+                    drills=drills, queue=queue, accounted=accounted, transport=transport
+                )
             # Jobs that just ended get their files read in this same cycle.
             watch_ids = {job.id for job in watch_files}
             for job in active:
@@ -1009,14 +1058,31 @@ def _requeue_stalled_submits(cluster: Cluster, result: ReconcileResult, now: dat
         Job.objects.filter(id=job_id).update(updated_at=now)
         _enqueue_submit(str(job_id))
         result.requeued += 1
+    from jobs.drills import _enqueue_drill_submit
+    from jobs.models import RestoreDrill
+
+    stalled_drills = RestoreDrill.objects.filter(cluster=cluster).filter(
+        Q(state=RestoreDrill.State.QUEUED, updated_at__lt=stale)
+        | Q(state=RestoreDrill.State.SUBMITTING, submit_lease_until__lt=now)
+    )
+    for drill_id in stalled_drills.values_list("id", flat=True)[:100]:
+        RestoreDrill.objects.filter(id=drill_id).update(updated_at=now)
+        _enqueue_drill_submit(str(drill_id))
+        result.requeued += 1
 
 
 def _reconcile_done(cluster: Cluster, result: ReconcileResult, now: datetime) -> None:
     changed = bool(result.state_changes or result.metric_points or result.checkpoints)
     idle = 0 if changed else cluster.reconcile_idle_cycles + 1
     interval = settings.RECONCILE_INTERVAL_SECONDS
-    has_work = Job.objects.filter(cluster=cluster).exclude(state__in=Job.FINAL_STATES).exists() or (
-        Job.objects.filter(cluster=cluster, files_final=False).exists()
+    from jobs.models import RestoreDrill
+
+    has_work = (
+        Job.objects.filter(cluster=cluster).exclude(state__in=Job.FINAL_STATES).exists()
+        or Job.objects.filter(cluster=cluster, files_final=False).exists()
+        or RestoreDrill.objects.filter(
+            cluster=cluster, state__in=RestoreDrill.ACTIVE_STATES
+        ).exists()
     )
     # Back off while nothing changes; with nothing to watch, look rarely.
     wait = interval * min(2 ** min(idle, 3), 4) if has_work else max(30, interval)

@@ -20,7 +20,6 @@ from jobs.selectors import (
     job_get_for_user,
     job_list_for_user,
     job_throughput_now,
-    restore_drill_list_for_user,
 )
 from jobs.services import JobRequest, job_cancel, job_preview, job_resume, job_script, job_submit
 from nodes.models import Node
@@ -190,9 +189,3 @@ def job_resume_action(request: HttpRequest, job_id: uuid.UUID, checkpoint_id: in
         return HttpResponseRedirect(reverse("job-detail", args=[job.id]))
     messages.success(request, f"Resuming from step {checkpoint.step} as a new job.")
     return HttpResponseRedirect(reverse("job-detail", args=[new_job.id]))
-
-
-@login_required
-def drill_list_page(request: HttpRequest) -> HttpResponse:
-    drills = restore_drill_list_for_user(user=request.user).order_by("-created_at")[:100]
-    return render(request, "jobs/drill_list.html", {"drills": list(drills)})

@@ -83,6 +83,14 @@
     });
   });
 
+  // Resuming from a checkpoint no drill has proven asks first.
+  document.addEventListener("submit", function (event) {
+    var form = event.target;
+    if (form.classList && form.classList.contains("resume-form") && form.dataset.warn) {
+      if (!window.confirm(form.dataset.warn)) event.preventDefault();
+    }
+  });
+
   refreshMetrics().catch(function () {});
   updateEta();
   if (!finalNow()) schedule(); else stopped = true;

@@ -63,3 +63,19 @@ def test_submit_from_the_form_and_watch_it_complete(
     page.click("#load-logs")
     page.wait_for_function("document.querySelector('#logs').textContent.includes('trainer')")
     page.screenshot(path=str(artifacts / "job-detail.png"), full_page=True)
+
+    # Prove a checkpoint: open step 10, run a restore drill, watch the verdict arrive.
+    page.click("#checkpoint-table tr[data-step='10'] a >> text=10")
+    assert "never proven" in page.inner_text("h1")
+    assert page.locator("#file-table tbody tr").count() >= 2
+    page.fill("#drill-steps", "3")
+    page.click("#run-drill")
+    page.wait_for_selector("[data-testid=verdict]", timeout=120_000)
+    assert page.locator("[data-testid=verdict]").inner_text().lower() == "passed"
+    assert page.locator("#step-table tbody tr").count() == 3
+    assert page.locator("#rank-table tbody tr").count() == 2
+    assert float(page.locator("[data-testid=load-s]").inner_text()) >= 0
+    page.wait_for_function("document.querySelectorAll('#chart-drill polyline').length === 2")
+    page.screenshot(path=str(artifacts / "drill-detail.png"), full_page=True)
+    page.click(".crumbs a >> text=step 10")
+    assert "proven restorable" in page.inner_text("h1")

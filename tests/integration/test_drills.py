@@ -1,0 +1,274 @@
+"""Restore drills on the dev cluster with a real worker, beat and Redis."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rest_framework.test import APIClient
+
+from celery_support import wait_until
+from devcluster_support import DevCluster
+from jobs.models import Checkpoint, Job, RestoreDrill
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def run_job(api: APIClient, *, steps: int, every: int, name: str, nodes: int = 2) -> Job:
+    response = api.post(
+        "/api/v1/jobs/submit/",
+        {
+            "name": name,
+            "partition": "batch",
+            "nodes": nodes,
+            "gpus_per_node": 1,
+            "tasks_per_node": 1,
+            "time_limit_minutes": 10,
+            "config": {
+                "preset": "tiny",
+                "steps": steps,
+                "checkpoint_every": every,
+                "checkpoint_keep": 20,
+            },
+        },
+        format="json",
+    )
+    assert response.status_code == 202, response.json()
+    return Job.objects.get(id=response.json()["id"])
+
+
+def wait_finished(job: Job, worker: Any, timeout: float = 180) -> Job:
+    wait_until(
+        lambda: Job.objects.get(id=job.id).files_final,
+        timeout=timeout,
+        what=lambda: f"job {job.name} to end; worker log:\n{worker.log()[-3000:]}",
+    )
+    job.refresh_from_db()
+    assert job.state == "completed", (job.state, job.state_reason)
+    return job
+
+
+def start_drill(api: APIClient, checkpoint: Checkpoint, **body: Any) -> str:
+    response = api.post(f"/api/v1/checkpoints/{checkpoint.pk}/drills/", body, format="json")
+    assert response.status_code == 202, response.json()
+    return str(response.json()["id"])
+
+
+def wait_verdict(drill_id: str, worker: Any, timeout: float = 150) -> RestoreDrill:
+    wait_until(
+        lambda: not RestoreDrill.objects.get(id=drill_id).is_active,
+        timeout=timeout,
+        what=lambda: f"drill verdict; worker log:\n{worker.log()[-3000:]}",
+    )
+    return RestoreDrill.objects.get(id=drill_id)
+
+
+def checkpoint_dir(devcluster: DevCluster, checkpoint: Checkpoint) -> Path:
+    # The dev cluster's work directory is on this host: corrupt the files in place.
+    path = Path(checkpoint.path)
+    assert path.is_dir() and str(path).startswith(devcluster.workdir)
+    return path
+
+
+def flip_byte(d: Path) -> None:
+    target = d / "rank-00000-0000.bin"
+    data = bytearray(target.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    target.write_bytes(bytes(data))
+
+
+def truncate(d: Path) -> None:
+    target = d / "rank-00000-0000.bin"
+    target.write_bytes(target.read_bytes()[:-100])
+
+
+def delete_rank_file(d: Path) -> None:
+    (d / "rank-00001.pt").unlink()
+
+
+def remove_optimizer_state(d: Path) -> None:
+    """Rewrite rank 0's index without the optimizer and make the manifest agree, so only
+    the state check can catch it (hashes and sizes all match)."""
+    from trainer import checkpoint as trainer_checkpoint
+
+    index_file = d / "rank-00000.pt"
+    index = trainer_checkpoint.deserialize(index_file.read_bytes())
+    del index["state"]["optimizer"]
+    data = trainer_checkpoint.serialize(index)
+    index_file.write_bytes(data)
+    manifest = json.loads((d / "manifest.json").read_text())
+    entry = next(f for f in manifest["files"] if f["name"] == "rank-00000.pt")
+    entry.update(
+        size=len(data), sha256=hashlib.sha256(data).hexdigest(), keys=sorted(index["state"])
+    )
+    manifest["state_keys"] = [k for k in manifest["state_keys"] if k != "optimizer"]
+    (d / "manifest.json").write_text(json.dumps(manifest))
+
+
+def delete_manifest(d: Path) -> None:
+    (d / "manifest.json").unlink()
+
+
+CORRUPTIONS = [
+    (flip_byte, "integrity_hash_mismatch", "rank-00000-0000.bin"),
+    (truncate, "integrity_size_mismatch", "rank-00000-0000.bin"),
+    (delete_rank_file, "missing_file", "rank-00001.pt"),
+    (remove_optimizer_state, "missing_state", "optimizer"),
+    (delete_manifest, "missing_manifest", "manifest"),
+]
+
+
+def test_drills_pass_and_every_corruption_fails_with_its_reason(
+    dev_cluster_registered: Any,
+    celery_stack: Any,
+    researcher_api: APIClient,
+    devcluster: DevCluster,
+) -> None:
+    worker = celery_stack["worker"]
+    job = wait_finished(run_job(researcher_api, steps=40, every=5, name="drilled"), worker)
+    checkpoints = {c.step: c for c in job.checkpoints.all()}
+    assert sorted(checkpoints)[:7] == [5, 10, 15, 20, 25, 30, 35]
+
+    same = start_drill(researcher_api, checkpoints[10], steps=3)
+    other = start_drill(researcher_api, checkpoints[15], steps=3, nodes=1)
+    # The same checkpoint and allocation cannot be drilled twice at once.
+    duplicate = researcher_api.post(
+        f"/api/v1/checkpoints/{checkpoints[10].pk}/drills/", {"steps": 3}, format="json"
+    )
+    assert duplicate.status_code == 409
+    assert "already running" in duplicate.json()["message"]
+    # The final checkpoint has no steps after it to compare with.
+    final = researcher_api.post(
+        f"/api/v1/checkpoints/{checkpoints[40].pk}/drills/", {"steps": 3}, format="json"
+    )
+    assert final.status_code == 400 and "steps" in final.json()["extra"]["fields"]
+
+    corrupted: dict[str, tuple[str, str]] = {}
+    for step, (corrupt, reason_code, mention) in zip([20, 25, 30, 35, 5], CORRUPTIONS, strict=True):
+        corrupt(checkpoint_dir(devcluster, checkpoints[step]))
+        corrupted[start_drill(researcher_api, checkpoints[step], steps=3)] = (reason_code, mention)
+
+    passed_same = wait_verdict(same, worker)
+    assert passed_same.verdict == "passed", passed_same.reason
+    assert passed_same.evidence["mode"] == "exact"
+    assert all(step["ok"] and step["abs_diff"] == 0 for step in passed_same.evidence["steps"])
+    assert passed_same.load_s is not None and passed_same.integrity_s is not None
+    checkpoints[10].refresh_from_db()
+    assert checkpoints[10].last_proven_at is not None and checkpoints[10].integrity == "ok"
+
+    passed_other = wait_verdict(other, worker)
+    assert passed_other.verdict == "passed", passed_other.reason
+    assert passed_other.evidence["mode"] == "tolerance"
+    assert passed_other.evidence["allocation"]["world_size"] == 1
+
+    for drill_id, (reason_code, mention) in corrupted.items():
+        drill = wait_verdict(drill_id, worker)
+        assert drill.verdict == "failed", (reason_code, drill.verdict, drill.reason)
+        assert drill.reason_code == reason_code, (drill.reason_code, drill.reason)
+        assert mention in drill.reason
+        drill.checkpoint.refresh_from_db()
+        assert drill.checkpoint.integrity == "failed"
+        assert drill.checkpoint.last_proven_at is None
+
+    # A checkpoint that failed its integrity check cannot be resumed from.
+    blocked = researcher_api.post(
+        f"/api/v1/jobs/{job.id}/resume/", {"checkpoint_step": 20}, format="json"
+    )
+    assert blocked.status_code == 400
+    assert "integrity" in blocked.json()["extra"]["fields"]["checkpoint"][0]
+    detail = researcher_api.get(f"/api/v1/drills/{same}/").json()
+    assert detail["verdict"] == "passed" and detail["evidence"]["steps"]
+
+
+def test_sshd_down_gives_error_not_failed_and_drills_recover(
+    dev_cluster_registered: Any,
+    celery_stack: Any,
+    researcher_api: APIClient,
+    devcluster: DevCluster,
+) -> None:
+    worker = celery_stack["worker"]
+    job = wait_finished(run_job(researcher_api, steps=20, every=5, name="ssh-faults"), worker)
+    checkpoints = {c.step: c for c in job.checkpoints.all()}
+
+    # sshd down while a drill is submitted: it cannot run, which is an error, not a verdict.
+    devcluster.sshd_stop()
+    try:
+        from nodes.slurm.transport import close_all
+
+        close_all()
+        drill_id = start_drill(researcher_api, checkpoints[5], steps=3)
+        errored = wait_verdict(drill_id, worker, timeout=120)
+    finally:
+        devcluster.sshd_start()
+    assert errored.verdict == "error", errored.reason
+    assert "not a verdict on the checkpoint" in errored.reason
+    checkpoints[5].refresh_from_db()
+    assert checkpoints[5].integrity != "failed"
+
+    # sshd down while a drill runs: the cluster shows the error, the drill goes on, and
+    # once sshd is back Gantry reads the verdict.
+    drill_id = start_drill(researcher_api, checkpoints[10], steps=3)
+    wait_until(
+        lambda: RestoreDrill.objects.get(id=drill_id).slurm_job_id,
+        timeout=60,
+        what="the drill's Slurm job",
+    )
+    devcluster.sshd_stop()
+    try:
+        wait_until(
+            lambda: (
+                dev_cluster_registered.__class__.objects.get(
+                    pk=dev_cluster_registered.pk
+                ).last_reconcile_error
+            ),
+            timeout=60,
+            what="the watcher to notice the cluster is unreachable",
+        )
+        assert RestoreDrill.objects.get(id=drill_id).is_active
+    finally:
+        devcluster.sshd_start()
+    recovered = wait_verdict(drill_id, worker, timeout=120)
+    assert recovered.verdict == "passed", recovered.reason
+
+
+def test_policy_drills_a_running_job(
+    dev_cluster_registered: Any,
+    celery_stack: Any,
+    researcher_api: APIClient,
+    operator_api: APIClient,
+) -> None:
+    worker = celery_stack["worker"]
+    job = run_job(researcher_api, steps=100000, every=10, name="long-running", nodes=1)
+    try:
+        wait_until(
+            lambda: (Job.objects.get(id=job.id).last_step or 0) >= 25,
+            timeout=120,
+            what=lambda: f"training progress; worker log:\n{worker.log()[-2000:]}",
+        )
+        response = operator_api.put(
+            f"/api/v1/clusters/{dev_cluster_registered.pk}/drill-policy/",
+            {"enabled": True, "running_every_hours": 1, "max_in_flight": 1, "steps": 3},
+            format="json",
+        )
+        assert response.status_code == 200, response.json()
+        denied = researcher_api.put(
+            f"/api/v1/clusters/{dev_cluster_registered.pk}/drill-policy/",
+            {"enabled": False},
+            format="json",
+        )
+        assert denied.status_code == 403
+        drill = wait_until(
+            lambda: RestoreDrill.objects.filter(checkpoint__job=job).first(),
+            timeout=60,
+            what="beat to start a policy drill",
+        )
+        assert drill.trigger == "policy_running" and drill.requested_by is None
+        finished = wait_verdict(str(drill.id), worker)
+        assert finished.verdict == "passed", finished.reason
+        # At most one drill per job per period: no flood.
+        assert RestoreDrill.objects.filter(checkpoint__job=job).count() == 1
+    finally:
+        researcher_api.post(f"/api/v1/jobs/{job.id}/cancel/")
