@@ -65,6 +65,7 @@ INSTALLED_APPS = [
     "controlplane",
     "nodes",
     "jobs",
+    "studies",
 ]
 
 MIDDLEWARE = [
@@ -214,6 +215,16 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
+    "ENUM_NAME_OVERRIDES": {
+        "JobStateEnum": "jobs.models.Job.State",
+        "NodeStateEnum": "nodes.models.Node.State",
+        "GpuStateEnum": "nodes.models.Gpu.State",
+        "DrillStateEnum": "jobs.models.RestoreDrill.State",
+        "DrillVerdictEnum": "jobs.models.RestoreDrill.Verdict",
+        "DrillTriggerEnum": "jobs.models.RestoreDrill.Trigger",
+        "CheckpointIntegrityEnum": "jobs.models.Checkpoint.Integrity",
+        "SyncStatusEnum": "nodes.models.Cluster.SyncStatus",
+    },
 }
 
 LOGGING = {

@@ -43,3 +43,11 @@ STORAGES = {
 LOGGING = {"version": 1, "disable_existing_loggers": False}
 STATIC_ROOT = DATA_DIR / "static"
 STATIC_ROOT.mkdir(parents=True, exist_ok=True)
+
+# Each test run gets its own broker key prefix: the pytest process sets GANTRY_TEST_RUN_ID
+# and the workers it starts inherit it, so two runs on one machine never share queues.
+TEST_RUN_ID = os.environ.setdefault("GANTRY_TEST_RUN_ID", f"run{os.getpid()}")
+CELERY_BROKER_TRANSPORT_OPTIONS = {
+    **CELERY_BROKER_TRANSPORT_OPTIONS,  # noqa: F405
+    "global_keyprefix": f"gantry-test-{TEST_RUN_ID}:",
+}

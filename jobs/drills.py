@@ -458,7 +458,24 @@ def drills_reconcile_states(
             report = None
         except ValueError:
             report = None
-        if isinstance(report, dict) and report.get("verdict"):
+        if (
+            isinstance(report, dict)
+            and report.get("verdict") == "failed"
+            and report.get("reason_code") in {"missing_file", "missing_manifest"}
+            and not transport.exists(drill.checkpoint.path)
+        ):
+            # The whole directory is gone: the trainer's retention rotated the checkpoint
+            # out while the drill ran. That says nothing about the checkpoint itself.
+            Checkpoint.objects.filter(pk=drill.checkpoint_id, deleted_at__isnull=True).update(
+                deleted_at=now
+            )
+            restore_drill_error(
+                drill=drill,
+                reason="the checkpoint was removed by the trainer's retention "
+                "(checkpoint_keep) while the drill ran",
+                exit_code=seen.exit_code,
+            )
+        elif isinstance(report, dict) and report.get("verdict"):
             restore_drill_apply_report(drill=drill, report=report, exit_code=seen.exit_code)
         else:
             restore_drill_error(

@@ -113,9 +113,12 @@ def flush_test_broker() -> None:
     import redis
     from django.conf import settings
 
+    prefix = settings.CELERY_BROKER_TRANSPORT_OPTIONS["global_keyprefix"]
     client = redis.Redis.from_url(settings.CELERY_BROKER_URL)
     try:
-        client.flushdb()
+        # Only this run's keys: another run on the same machine keeps its queues.
+        for key in client.scan_iter(match=f"{prefix}*", count=1000):
+            client.delete(key)
     finally:
         client.close()
 

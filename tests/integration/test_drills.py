@@ -17,7 +17,9 @@ from jobs.models import Checkpoint, Job, RestoreDrill
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def run_job(api: APIClient, *, steps: int, every: int, name: str, nodes: int = 2) -> Job:
+def run_job(
+    api: APIClient, *, steps: int, every: int, name: str, nodes: int = 2, keep: int = 20
+) -> Job:
     response = api.post(
         "/api/v1/jobs/submit/",
         {
@@ -31,7 +33,7 @@ def run_job(api: APIClient, *, steps: int, every: int, name: str, nodes: int = 2
                 "preset": "tiny",
                 "steps": steps,
                 "checkpoint_every": every,
-                "checkpoint_keep": 20,
+                "checkpoint_keep": keep,
             },
         },
         format="json",
@@ -241,7 +243,7 @@ def test_policy_drills_a_running_job(
     operator_api: APIClient,
 ) -> None:
     worker = celery_stack["worker"]
-    job = run_job(researcher_api, steps=100000, every=10, name="long-running", nodes=1)
+    job = run_job(researcher_api, steps=100000, every=10, name="long-running", nodes=1, keep=100000)
     try:
         wait_until(
             lambda: (Job.objects.get(id=job.id).last_step or 0) >= 25,
