@@ -1,4 +1,4 @@
-.PHONY: run test lint format devcluster-up devcluster-down bench
+.PHONY: run test faults lint format devcluster-up devcluster-down
 
 # Set up (venv, dependencies, Redis, the dev cluster, database, admin user) and run
 # the web UI, a Celery worker and beat in the foreground. Ctrl-C stops all of them.
@@ -8,6 +8,10 @@ run:
 # Set up and run every check: ruff, mypy, pytest on SQLite and on PostgreSQL.
 test:
 	scripts/test
+
+# The fault-injection and security suite at full length (30 worker-kill trials).
+faults:
+	scripts/faults
 
 lint:
 	.venv/bin/ruff check . && .venv/bin/ruff format --check . && .venv/bin/mypy

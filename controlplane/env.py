@@ -139,6 +139,19 @@ def database_from_url(url: str, *, name: str = "DATABASE_URL") -> dict[str, Any]
     except ValueError as error:
         raise ImproperlyConfigured(f"{name}={_redact(url)!r} cannot be parsed: {error}") from None
     config["ENGINE"] = _DATABASE_ENGINES[scheme]
+    if scheme != "sqlite":
+        # Gantry's queries are short OLTP reads; PostgreSQL's JIT only adds compile time
+        # (seen stuck for many minutes on a wide query). Statement timeout: optional.
+        config.setdefault("OPTIONS", {})
+        options = "-c jit=off"
+        timeout_ms = os.environ.get("GANTRY_DB_STATEMENT_TIMEOUT_MS", "").strip()
+        if timeout_ms:
+            if not timeout_ms.isdigit():
+                raise ImproperlyConfigured(
+                    f"GANTRY_DB_STATEMENT_TIMEOUT_MS={timeout_ms!r} is not an integer."
+                )
+            options += f" -c statement_timeout={timeout_ms}"
+        config["OPTIONS"]["options"] = options
     if scheme == "sqlite":
         config["CONN_MAX_AGE"] = 0
         config.setdefault("OPTIONS", {})

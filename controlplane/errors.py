@@ -122,7 +122,8 @@ def handler403(request: HttpRequest, exception: Exception | None = None) -> Http
             {"message": "You do not have permission to perform this action.", "extra": {}},
             status=403,
         )
-    return render(request, "errors/403.html", status=403)
+    reason = str(exception) if isinstance(exception, DjangoPermissionDenied) else ""
+    return render(request, "errors/403.html", {"reason": reason}, status=403)
 
 
 def handler400(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:

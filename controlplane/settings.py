@@ -75,6 +75,7 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "controlplane.access.RoleRequiredMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
@@ -164,8 +165,19 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_SOFT_TIME_LIMIT = envint("GANTRY_TASK_SOFT_TIME_LIMIT", 240, minimum=10)
 CELERY_TASK_TIME_LIMIT = envint("GANTRY_TASK_TIME_LIMIT", 300, minimum=15)
 # Above the longest task, so a late-acked task is not redelivered while still running.
-CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": CELERY_TASK_TIME_LIMIT * 3}
+CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, object] = {
+    "visibility_timeout": CELERY_TASK_TIME_LIMIT * 3
+}
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# A web request that enqueues while Redis is down must not hang: give up fast; the watcher
+# re-enqueues queued work once Redis is back.
+CELERY_TASK_PUBLISH_RETRY_POLICY = {
+    "max_retries": 2,
+    "interval_start": 0,
+    "interval_step": 0.2,
+    "interval_max": 0.5,
+}
+CELERY_BROKER_CONNECTION_TIMEOUT = 2
 CELERY_TASK_ALWAYS_EAGER = False
 CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
     "clusters-sync-due": {"task": "nodes.clusters_sync_due", "schedule": 2.0},
@@ -174,6 +186,8 @@ CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
         "task": "jobs.drill_policies_apply",
         "schedule": float(envint("GANTRY_DRILL_POLICY_INTERVAL", 30, minimum=1)),
     },
+    # Scaling studies: submit a study's next point once its previous one ended.
+    "studies-advance": {"task": "studies.advance_all", "schedule": 2.0},
 }
 
 # Cluster access. Private keys and known_hosts files live here, 0600, never in the database.
@@ -188,11 +202,20 @@ JOB_LOST_AFTER_SECONDS = envint("GANTRY_JOB_LOST_AFTER", 600, minimum=30)
 DRILL_DEFAULT_STEPS = envint("GANTRY_DRILL_DEFAULT_STEPS", 5, minimum=1, maximum=10000)
 DRILL_SUBMIT_RETRIES = envint("GANTRY_DRILL_SUBMIT_RETRIES", 6, minimum=0, maximum=50)
 
+# Caches. Login throttling counts failures in Redis, shared by every web worker.
+CACHES = {
+    "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+    "ratelimit": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL},
+}
+LOGIN_MAX_FAILURES = envint("GANTRY_LOGIN_MAX_FAILURES", 5, minimum=1)
+LOGIN_FAILURE_WINDOW = envint("GANTRY_LOGIN_FAILURE_WINDOW", 300, minimum=10)
+TOKEN_MAX_FAILURES = envint("GANTRY_TOKEN_MAX_FAILURES", 30, minimum=1)
+
 # REST API.
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
         # Token first: an unauthenticated call then gets 401 with WWW-Authenticate.
-        "rest_framework.authentication.TokenAuthentication",
+        "controlplane.ratelimit.ThrottledTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],

@@ -51,3 +51,12 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
     **CELERY_BROKER_TRANSPORT_OPTIONS,  # noqa: F405
     "global_keyprefix": f"gantry-test-{TEST_RUN_ID}:",
 }
+
+# Login throttling counts in a per-process cache in tests: no shared state between runs.
+CACHES = {
+    "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+    "ratelimit": {
+        "BACKEND": "django.core.cache.backends.locmem.LocMemCache",
+        "LOCATION": f"ratelimit-{os.getpid()}",
+    },
+}

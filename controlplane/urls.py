@@ -2,18 +2,19 @@ from __future__ import annotations
 
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
-from django.urls import include, path
+from django.urls import URLPattern, URLResolver, include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from controlplane import views
 from controlplane.api_views import AuditEventListApi, MeApi
+from controlplane.ratelimit import RateLimitedLoginView
 from jobs import api as job_api
 from jobs import drill_api, drill_views
 from jobs import views as job_views
 from nodes import api as node_api
 from nodes import views as node_views
 
-api_v1 = [
+api_v1: list[URLPattern | URLResolver] = [
     path("me/", MeApi.as_view(), name="me"),
     path("audit-events/", AuditEventListApi.as_view(), name="audit-event-list"),
     path("clusters/", node_api.ClusterListApi.as_view(), name="cluster-list"),
@@ -114,7 +115,7 @@ urlpatterns = [
     ),
     path(
         "accounts/login/",
-        auth_views.LoginView.as_view(template_name="registration/login.html"),
+        RateLimitedLoginView.as_view(),
         name="login",
     ),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),

@@ -4,7 +4,7 @@ from django.contrib import admin
 from django.http import HttpRequest
 
 from controlplane.admin_helpers import admin_changelist_link, admin_link
-from jobs.models import Checkpoint, Job, JobEvent, MetricPoint, RestoreDrill
+from jobs.models import Checkpoint, DrillPolicy, Job, JobEvent, MetricPoint, RestoreDrill
 
 # What Slurm and the trainer own: shown, never edited by hand.
 JOB_OBSERVED_FIELDS = [
@@ -97,6 +97,7 @@ class JobAdmin(admin.ModelAdmin):
                     "time_limit_minutes",
                     "nodelist_requested",
                     "switches_requested",
+                    "environment",
                 ]
             },
         ),
@@ -329,3 +330,37 @@ class RestoreDrillAdmin(admin.ModelAdmin):
     @admin.display(description="reason")
     def reason_short(self, obj: RestoreDrill) -> str:
         return (obj.reason[:80] + "…") if len(obj.reason) > 80 else obj.reason
+
+
+@admin.register(DrillPolicy)
+class DrillPolicyAdmin(admin.ModelAdmin):
+    list_display = [
+        "cluster",
+        "enabled",
+        "running_every_hours",
+        "drill_final_checkpoint",
+        "max_in_flight",
+        "steps",
+        "updated_by",
+        "updated_at",
+    ]
+    list_filter = ["enabled", "drill_final_checkpoint"]
+    readonly_fields = ["updated_at", "updated_by", "final_since"]
+
+    def save_model(
+        self, request: HttpRequest, obj: DrillPolicy, form: object, change: bool
+    ) -> None:
+        # Through the service, so the change is validated and audited like the API's.
+        from jobs.drills import drill_policy_update
+
+        drill_policy_update(
+            actor=request.user,
+            cluster=obj.cluster,
+            enabled=obj.enabled,
+            running_every_hours=obj.running_every_hours,
+            drill_final_checkpoint=obj.drill_final_checkpoint,
+            max_in_flight=obj.max_in_flight,
+            steps=obj.steps,
+        )
+        if obj.pk:
+            obj.refresh_from_db()

@@ -20,6 +20,11 @@ from jobs.models import Checkpoint, Job, JobEvent
 from jobs.selectors import job_get_for_user, job_list_for_user, job_metrics, job_throughput_now
 from jobs.services import JobRequest, job_cancel, job_log_tail, job_preview, job_resume, job_submit
 from nodes.models import Cluster
+from nodes.placement_service import (
+    job_request_with_advice,
+    placement_advice_for_request,
+    placement_as_dict,
+)
 from trainer.config import DEFAULTS, PRESETS
 
 
@@ -72,6 +77,7 @@ class JobSerializer(serializers.ModelSerializer):
             "time_limit_minutes",
             "nodelist_requested",
             "switches_requested",
+            "environment",
             "allocated_nodes",
             "exit_code",
             "world_size",
@@ -120,6 +126,16 @@ class JobInputSerializer(serializers.Serializer):
     switches = serializers.CharField(max_length=64, required=False, allow_blank=True, default="")
     preset = serializers.ChoiceField(choices=sorted(PRESETS), required=False)
     config = serializers.DictField(required=False, default=dict, help_text="trainer config keys")
+    environment = serializers.DictField(
+        child=serializers.CharField(allow_blank=True, max_length=1024),
+        required=False,
+        default=dict,
+        help_text='extra environment variables for the ranks, e.g. {"NCCL_DEBUG": "INFO"}',
+    )
+    use_placement_advice = serializers.BooleanField(
+        default=False,
+        help_text="fill nodelist and switches with Gantry's placement advice (fewest switches)",
+    )
 
 
 def job_request_from(data: dict[str, Any]) -> JobRequest:
@@ -150,6 +166,7 @@ def job_request_from(data: dict[str, Any]) -> JobRequest:
         time_limit_minutes=data["time_limit_minutes"],
         nodelist=data.get("nodelist") or "",
         switches=data.get("switches") or "",
+        environment=dict(data.get("environment") or {}),
     )
 
 
@@ -177,7 +194,11 @@ class JobSubmitApi(APIView):
     def post(self, request: Request) -> Response:
         data = JobInputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        job = job_submit(user=request.user, request=job_request_from(dict(data.validated_data)))
+        values = dict(data.validated_data)
+        job_request = job_request_from(values)
+        if values.get("use_placement_advice"):
+            job_request, _advice = job_request_with_advice(job_request)
+        job = job_submit(user=request.user, request=job_request)
         return accepted(job)
 
 
@@ -190,17 +211,30 @@ class JobPreviewApi(APIView):
         script = serializers.CharField()
         config = serializers.DictField()
         world_size = serializers.IntegerField()
+        placement = serializers.DictField(
+            help_text="placement advice: nodes, switches spanned, explanation, Slurm options"
+        )
 
     @extend_schema(request=JobInputSerializer, responses=OutputSerializer)
     def post(self, request: Request) -> Response:
         data = JobInputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        job, script = job_preview(
-            user=request.user, request=job_request_from(dict(data.validated_data))
-        )
+        values = dict(data.validated_data)
+        job_request = job_request_from(values)
+        applied = bool(values.get("use_placement_advice"))
+        if applied:
+            job_request, advice = job_request_with_advice(job_request)
+        else:
+            advice = placement_advice_for_request(job_request)
+        job, script = job_preview(user=request.user, request=job_request)
         return Response(
             self.OutputSerializer(
-                {"script": script, "config": job.config, "world_size": job.world_size}
+                {
+                    "script": script,
+                    "config": job.config,
+                    "world_size": job.world_size,
+                    "placement": {**placement_as_dict(advice), "applied": applied},
+                }
             ).data
         )
 

@@ -15,7 +15,6 @@ from typing import Any
 from django.conf import settings
 from django.core.exceptions import PermissionDenied
 from django.db import IntegrityError, transaction
-from django.db.models import F, Q
 from django.utils import timezone
 
 from controlplane.audit import audit_event_record
@@ -23,7 +22,14 @@ from controlplane.errors import ApplicationError, ConflictError, FieldError
 from controlplane.roles import is_operator, is_researcher
 from jobs.models import Checkpoint, DrillPolicy, Job, MetricPoint, RestoreDrill
 from jobs.runtime import ScriptSpec, drill_dir, render_sbatch, run_dir, trainer_ensure_uploaded
-from jobs.services import JobRequest, describe_cluster_error, gantry_state, job_request_validate
+from jobs.services import (
+    JobRequest,
+    _request_reconcile,
+    describe_cluster_error,
+    gantry_state,
+    job_request_validate,
+    submit_exactly_once,
+)
 from nodes.cluster_access import slurm_client_for, transport_for
 from nodes.slurm import commands as slurm_commands
 from nodes.slurm import errors as slurm_errors
@@ -222,31 +228,7 @@ def restore_drill_submit_to_slurm(*, drill_id: str) -> str:
 
     Accepts ``queued`` and ``submitting`` with an expired lease; anything else is left.
     """
-    now = timezone.now()
-    claimed = (
-        RestoreDrill.objects.filter(id=drill_id)
-        .filter(
-            Q(state=RestoreDrill.State.QUEUED)
-            | Q(state=RestoreDrill.State.SUBMITTING, submit_lease_until__lt=now)
-            | Q(state=RestoreDrill.State.SUBMITTING, submit_lease_until__isnull=True)
-        )
-        .update(
-            state=RestoreDrill.State.SUBMITTING,
-            submit_lease_until=now + timedelta(seconds=settings.SUBMIT_LEASE_SECONDS),
-            submit_attempts=F("submit_attempts") + 1,
-        )
-    )
-    if not claimed:
-        return "not claimable"
-    try:
-        return _drill_submit_claimed(drill_id)
-    except slurm_errors.SlurmError as error:
-        if error.transient:
-            # Let the task's retry claim it at once instead of waiting out the lease.
-            RestoreDrill.objects.filter(id=drill_id, state=RestoreDrill.State.SUBMITTING).update(
-                submit_lease_until=None
-            )
-        raise
+    return submit_exactly_once(RestoreDrill, drill_id, _drill_submit_claimed)
 
 
 def _drill_submit_claimed(drill_id: str) -> str:
@@ -290,6 +272,8 @@ def _drill_submit_claimed(drill_id: str) -> str:
         current = RestoreDrill.objects.get(id=drill.id)
         if current.state == RestoreDrill.State.CANCELLED:
             client.cancel(slurm_id)
+    # Look at it soon, whatever the watcher's idle back-off was.
+    _request_reconcile(cluster.pk)
     return f"submitted as Slurm job {slurm_id}"
 
 

@@ -50,6 +50,11 @@ class JobForm(forms.Form):
     switches = forms.CharField(
         max_length=64, required=False, help_text="e.g. 1@10: at most 1 leaf, wait ≤10 min"
     )
+    use_placement_advice = forms.BooleanField(
+        required=False,
+        label="Use the placement advice",
+        help_text="fills node list and switches with the advice (fewest switches)",
+    )
     job_id = forms.UUIDField(required=False, widget=forms.HiddenInput)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

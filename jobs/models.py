@@ -62,6 +62,9 @@ class Job(models.Model):
     time_limit_minutes = models.PositiveIntegerField(default=30, validators=[MinValueValidator(1)])
     partition = models.CharField(max_length=64)
     nodelist_requested = models.CharField(max_length=1024, blank=True)
+    environment = models.JSONField(
+        default=dict, blank=True, help_text="Extra environment variables for the job's ranks."
+    )
     switches_requested = models.CharField(max_length=64, blank=True)
 
     state = models.CharField(max_length=16, choices=State.choices, default=State.QUEUED)
@@ -84,6 +87,9 @@ class Job(models.Model):
     last_step = models.PositiveIntegerField(null=True, blank=True)
     metrics_offset = models.BigIntegerField(default=0)
     acceptance = models.JSONField(null=True, blank=True)
+    # Mean samples/s of the newest logged steps, kept by the watcher: lists and the
+    # overview read one column instead of aggregating metric points per row.
+    throughput_now = models.FloatField(null=True, blank=True)
     target_reached_step = models.PositiveIntegerField(null=True, blank=True)
     target_reached_elapsed_s = models.FloatField(null=True, blank=True)
     optimal_loss = models.FloatField(null=True, blank=True)

@@ -51,6 +51,7 @@ class ScriptSpec:
     switches: str
     trainer_args: tuple[str, ...]
     output_name: str = "slurm-%j.out"
+    environment: tuple[tuple[str, str], ...] = ()
 
 
 def render_sbatch(spec: ScriptSpec) -> str:
@@ -85,6 +86,7 @@ def render_sbatch(spec: ScriptSpec) -> str:
         "set -euo pipefail",
         f"export PYTHONPATH={quote(spec.trainer_dir)}${{PYTHONPATH:+:$PYTHONPATH}}",
         "export PYTHONUNBUFFERED=1",
+        *(f"export {name}={quote(value)}" for name, value in spec.environment),
         "# Rank 0 listens on the first node; node names are not always DNS names.",
         'first_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
         'MASTER_ADDR=$(scontrol show node "$first_node" | tr " " "\\n" '

@@ -109,17 +109,10 @@ def job_metrics(
     }
 
 
-def job_throughput_now(*, job: Job, window: int = 20) -> float | None:
-    """Mean samples/s over the last ``window`` logged steps (what 'current' means here)."""
-    from jobs.models import MetricPoint
-
-    recent = list(
-        MetricPoint.objects.filter(job=job)
-        .order_by("-step")
-        .values_list("samples_per_s", flat=True)[:window]
-    )
-    values = [value for value in recent if value is not None]
-    return sum(values) / len(values) if values else None
+def job_throughput_now(*, job: Job) -> float | None:
+    """Current samples/s: the mean of the newest logged steps, kept on the job by the
+    watcher (``None`` before the first metrics)."""
+    return job.throughput_now
 
 
 def checkpoint_get_for_user(*, user: Any, checkpoint_id: int) -> Checkpoint:
@@ -138,14 +131,18 @@ def checkpoint_get_for_user(*, user: Any, checkpoint_id: int) -> Checkpoint:
 def drill_fleet_health(*, user: Any) -> dict[str, Any]:
     """Share of running jobs whose newest checkpoint is proven, recent failures,
     the time-to-restore distribution and drills in flight."""
-    jobs = job_list_for_user(user=user).filter(state=Job.State.RUNNING)
-    running = 0
-    proven = 0
-    for job in jobs.prefetch_related("checkpoints"):
-        running += 1
-        newest = max(job.checkpoints.all(), key=lambda c: c.step, default=None)
-        if newest is not None and newest.last_proven_at is not None:
-            proven += 1
+    from django.db.models import OuterRef, Subquery
+
+    newest_proven = Subquery(
+        Checkpoint.objects.filter(job=OuterRef("pk")).order_by("-step").values("last_proven_at")[:1]
+    )
+    running_jobs = job_list_for_user(user=user).filter(state=Job.State.RUNNING)
+    running = running_jobs.count()
+    proven = (
+        running_jobs.annotate(newest_proven=newest_proven)
+        .filter(newest_proven__isnull=False)
+        .count()
+    )
     drills = restore_drill_list_for_user(user=user)
     failures = list(
         drills.filter(verdict=RestoreDrill.Verdict.FAILED).order_by("-finished_at")[:10]

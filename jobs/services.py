@@ -22,6 +22,7 @@ from django.utils import timezone
 
 from controlplane.audit import audit_event_record
 from controlplane.errors import ApplicationError, ConflictError, FieldError
+from controlplane.faults import faultpoint
 from controlplane.roles import is_operator, is_researcher
 from jobs.models import Checkpoint, Job, JobEvent, MetricPoint
 from jobs.runtime import ScriptSpec, render_sbatch, run_dir, trainer_ensure_uploaded
@@ -90,6 +91,40 @@ class JobRequest:
     time_limit_minutes: int
     nodelist: str
     switches: str
+    environment: dict[str, str] | None = None
+
+
+_ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]{0,63}$")
+# Names the script itself sets, or that would change what runs.
+_ENV_RESERVED = {
+    "PATH",
+    "PYTHONPATH",
+    "LD_PRELOAD",
+    "LD_LIBRARY_PATH",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+}
+
+
+def _validate_environment(environment: dict[str, str] | None) -> dict[str, str]:
+    if not environment:
+        return {}
+    if not isinstance(environment, dict):
+        raise FieldError("environment", "must be an object of NAME: value")
+    if len(environment) > 32:
+        raise FieldError("environment", "at most 32 variables")
+    clean: dict[str, str] = {}
+    for name, value in environment.items():
+        if not isinstance(name, str) or not _ENV_NAME.match(name):
+            raise FieldError("environment", f"{name!r} is not a variable name (A-Z, 0-9, _)")
+        if name in _ENV_RESERVED or name.startswith("SLURM_"):
+            raise FieldError("environment", f"{name} is set by Gantry or Slurm")
+        if not isinstance(value, str) or len(value) > 1024 or _CONTROL_CHARACTERS.search(value):
+            raise FieldError(
+                "environment", f"{name}: a string of at most 1024 characters, no control characters"
+            )
+        clean[name] = value
+    return clean
 
 
 def _partition_names(cluster: Cluster) -> list[str]:
@@ -218,8 +253,9 @@ def job_request_validate(request: JobRequest) -> dict[str, Any]:
             raise FieldError(
                 "nodelist", f"{len(wanted)} nodes listed but only {request.nodes} requested"
             )
-    if request.switches and not re.match(r"^\d+(@\d+)?$", request.switches):
+    if request.switches and not re.fullmatch(r"\d+(@\d+)?", request.switches):
         raise FieldError("switches", "use COUNT or COUNT@MINUTES, e.g. 1@10")
+    _validate_environment(request.environment)
     return config
 
 
@@ -245,6 +281,7 @@ def _script_spec(job: Job, *, trainer_dir: str, resume_path: str | None) -> Scri
         nodelist=job.nodelist_requested,
         switches=job.switches_requested,
         trainer_args=tuple(args),
+        environment=tuple(sorted((job.environment or {}).items())),
     )
 
 
@@ -281,6 +318,7 @@ def _job_from_request(
         time_limit_minutes=request.time_limit_minutes,
         nodelist_requested=request.nodelist,
         switches_requested=request.switches,
+        environment=_validate_environment(request.environment),
         total_steps=config.get("steps"),
     )
 
@@ -370,35 +408,44 @@ def job_submit_to_slurm(*, job_id: str) -> str:
     and adopts a Slurm job it finds, so a redelivered task never submits twice.
     Transient SSH errors propagate (the task retries); Slurm refusing the job fails it.
     """
+    return submit_exactly_once(Job, job_id, _job_submit_claimed)
+
+
+def submit_exactly_once(model: Any, object_id: str, submit: Any) -> str:
+    """Claim a queued job or drill for submission, then run ``submit(object_id)``.
+
+    The claim is a conditional update: ``queued``, or ``submitting`` whose lease ran out
+    (the worker that held it died), becomes ``submitting`` with a fresh lease. A transient
+    error gives the lease back at once, so the task's own retry can claim it again.
+    """
     now = timezone.now()
-    lease = now + timedelta(seconds=settings.SUBMIT_LEASE_SECONDS)
     claimed = (
-        Job.objects.filter(id=job_id)
+        model.objects.filter(id=object_id)
         .filter(
-            Q(state=Job.State.QUEUED)
-            | Q(state=Job.State.SUBMITTING, submit_lease_until__lt=now)
-            | Q(state=Job.State.SUBMITTING, submit_lease_until__isnull=True)
+            Q(state=model.State.QUEUED)
+            | Q(state=model.State.SUBMITTING, submit_lease_until__lt=now)
+            | Q(state=model.State.SUBMITTING, submit_lease_until__isnull=True)
         )
         .update(
-            state=Job.State.SUBMITTING,
-            submit_lease_until=lease,
+            state=model.State.SUBMITTING,
+            submit_lease_until=now + timedelta(seconds=settings.SUBMIT_LEASE_SECONDS),
             submit_attempts=F("submit_attempts") + 1,
         )
     )
     if not claimed:
         return "not claimable (already submitted, being submitted, or ended)"
     try:
-        return _job_submit_claimed(job_id)
+        return str(submit(object_id))
     except slurm_errors.SlurmError as error:
         if error.transient:
-            # Let the task's retry claim it at once instead of waiting out the lease.
-            Job.objects.filter(id=job_id, state=Job.State.SUBMITTING).update(
+            model.objects.filter(id=object_id, state=model.State.SUBMITTING).update(
                 submit_lease_until=None
             )
         raise
 
 
 def _job_submit_claimed(job_id: str) -> str:
+    faultpoint("job_submit.after_claim")
     job = Job.objects.select_related("cluster", "resume_from").get(id=job_id)
     if job.submit_attempts == 1:
         _event(job, "state", Job.State.QUEUED, Job.State.SUBMITTING)
@@ -424,6 +471,7 @@ def _job_submit_claimed(job_id: str) -> str:
     resume_path = job.resume_from.path if job.resume_from else None
     script = render_sbatch(_script_spec(job, trainer_dir=trainer_path, resume_path=resume_path))
     transport.put_bytes(f"{directory}/job.sbatch", script.encode(), mode=0o755)
+    faultpoint("job_submit.before_sbatch")
     try:
         slurm_id = client.submit(f"{directory}/job.sbatch", tag=tag)
     except slurm_errors.SlurmCommandError as error:
@@ -440,6 +488,8 @@ def _job_submit_claimed(job_id: str) -> str:
             submit_lease_until=None,
         )
         return "refused by Slurm"
+    # The window a redelivery must cover: Slurm has the job, the database does not yet.
+    faultpoint("job_submit.after_sbatch")
     job.state = Job.State.SUBMITTING
     if not _transition(
         job,
@@ -451,11 +501,14 @@ def _job_submit_claimed(job_id: str) -> str:
         submit_lease_until=None,
     ):
         # Cancelled while we submitted: do not leave a Slurm job nobody tracks.
+        _request_reconcile(job.cluster_id)
         current = Job.objects.get(id=job.id)
         if current.state == Job.State.CANCELLED:
             client.cancel(slurm_id)
             Job.objects.filter(id=job.id).update(slurm_job_id=slurm_id)
             _event(job, "cancel", message=f"cancelled Slurm job {slurm_id} submitted meanwhile")
+    # Look at it soon, whatever the watcher's idle back-off was.
+    _request_reconcile(job.cluster_id)
     return f"submitted as Slurm job {slurm_id}"
 
 
@@ -769,6 +822,10 @@ def metrics_ingest(*, job: Job, data: bytes, start_offset: int) -> tuple[int, in
         updates: dict[str, Any] = {"metrics_offset": new_offset}
         if points:
             updates["last_step"] = max(points)
+            newest = [points[step].samples_per_s for step in sorted(points)[-5:]]
+            rates = [rate for rate in newest if rate is not None]
+            if rates:
+                updates["throughput_now"] = sum(rates) / len(rates)
         for event in events:
             kind = event.get("event")
             if kind == "start":
@@ -782,29 +839,67 @@ def metrics_ingest(*, job: Job, data: bytes, start_offset: int) -> tuple[int, in
         if not Job.objects.filter(id=job.id, metrics_offset=start_offset).update(**updates):
             return 0, start_offset
         if points:
-            MetricPoint.objects.bulk_create(
-                list(points.values()),
-                batch_size=2000,
-                update_conflicts=True,
-                unique_fields=["job", "step"],
-                update_fields=[
-                    "wall_time",
-                    "elapsed_s",
-                    "loss",
-                    "samples_per_s",
-                    "tokens_per_s",
-                    "step_time_s",
-                    "data_time_s",
-                    "checkpoint_blocking_s",
-                    "world_size",
-                ],
-            )
+            _metric_points_upsert(list(points.values()))
         for event in events:
             kind = str(event.get("event"))
             if kind in {"target_reached", "done", "resumed", "checkpoint_failed"}:
                 _event(job, kind, message=_describe_trainer_event(event))
     job.metrics_offset = new_offset
     return len(points), new_offset
+
+
+_METRIC_COLUMNS = (
+    "job_id",
+    "step",
+    "wall_time",
+    "elapsed_s",
+    "loss",
+    "samples_per_s",
+    "tokens_per_s",
+    "step_time_s",
+    "data_time_s",
+    "checkpoint_blocking_s",
+    "world_size",
+)
+
+
+def _metric_points_upsert(points: list[MetricPoint]) -> None:
+    """Insert metric points, the last line for a step winning: one prepared statement run
+    with executemany (the ORM's bulk_create spends most of its time building SQL)."""
+    from django.db import connection
+
+    table = MetricPoint._meta.db_table
+    quote = connection.ops.quote_name
+    columns = ", ".join(quote(column) for column in _METRIC_COLUMNS)
+    updates = ", ".join(
+        f"{quote(column)} = excluded.{quote(column)}" for column in _METRIC_COLUMNS[2:]
+    )
+    marks = ", ".join(["%s"] * len(_METRIC_COLUMNS))
+    sql = (
+        f"INSERT INTO {quote(table)} ({columns}) VALUES ({marks}) "  # noqa: S608 - fixed names
+        f"ON CONFLICT ({quote('job_id')}, {quote('step')}) DO UPDATE SET {updates}"
+    )
+    wall_field = MetricPoint._meta.get_field("wall_time")
+    job_field = MetricPoint._meta.get_field("job")
+    rows = [
+        (
+            job_field.get_db_prep_value(point.job_id, connection),
+            point.step,
+            wall_field.get_db_prep_value(point.wall_time, connection),
+            point.elapsed_s,
+            point.loss,
+            point.samples_per_s,
+            point.tokens_per_s,
+            point.step_time_s,
+            point.data_time_s,
+            point.checkpoint_blocking_s,
+            point.world_size,
+        )
+        for point in points
+    ]
+    with connection.cursor() as cursor:
+        for start in range(0, len(rows), 5000):
+            cursor.executemany(sql, rows[start : start + 5000])
 
 
 def _describe_trainer_event(event: dict[str, Any]) -> str:

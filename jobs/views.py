@@ -23,6 +23,11 @@ from jobs.selectors import (
 )
 from jobs.services import JobRequest, job_cancel, job_preview, job_resume, job_script, job_submit
 from nodes.models import Node
+from nodes.placement_service import (
+    job_placement_check,
+    job_request_with_advice,
+    placement_advice_for_request,
+)
 
 
 @login_required
@@ -42,10 +47,6 @@ def job_list_page(request: HttpRequest) -> HttpResponse:
     if search:
         jobs = jobs.filter(name__icontains=search)
     page = list(jobs.order_by("-created_at")[:100])
-    for job in page:
-        running = job.state == Job.State.RUNNING
-        throughput = job_throughput_now(job=job, window=5) if running else None
-        setattr(job, "throughput", throughput)  # noqa: B010
     return render(
         request,
         "jobs/job_list.html",
@@ -87,27 +88,31 @@ def job_new_page(request: HttpRequest) -> HttpResponse:
     if not is_researcher(request.user):
         raise PermissionDenied
     script = None
+    advice = None
     form = JobForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
         job_id = form.cleaned_data.get("job_id") or uuid.uuid4()
         try:
+            job_request = _form_request(form)
+            if form.cleaned_data.get("use_placement_advice"):
+                job_request, advice = job_request_with_advice(job_request)
             if request.POST.get("action") == "preview":
-                _, script = job_preview(
-                    user=request.user, request=_form_request(form), job_id=job_id
-                )
+                _, script = job_preview(user=request.user, request=job_request, job_id=job_id)
+                if advice is None:
+                    advice = placement_advice_for_request(job_request)
                 data = request.POST.copy()
                 data["job_id"] = str(job_id)
                 form = JobForm(data)
                 form.is_valid()
             else:
-                job = job_submit(user=request.user, request=_form_request(form), job_id=job_id)
+                job = job_submit(user=request.user, request=job_request, job_id=job_id)
                 messages.success(
                     request, f"Job {job.name} is queued; Gantry is submitting it to Slurm."
                 )
                 return HttpResponseRedirect(reverse("job-detail", args=[job.id]))
         except FieldError as error:
             form.attach_error(error.field, error.why)
-    return render(request, "jobs/job_new.html", {"form": form, "script": script})
+    return render(request, "jobs/job_new.html", {"form": form, "script": script, "advice": advice})
 
 
 def _switches_spanned(job: Job) -> list[str]:
@@ -134,6 +139,7 @@ def job_detail_page(request: HttpRequest, job_id: uuid.UUID) -> HttpResponse:
         "children": list(job.children.order_by("-created_at")),
         "can_act": can_act,
         "switches": _switches_spanned(job),
+        "placement_check": job_placement_check(job),
         "acceptance_json": json.dumps(job.acceptance, indent=2, sort_keys=True)
         if job.acceptance
         else "",
@@ -158,6 +164,7 @@ def job_status_partial(request: HttpRequest, job_id: uuid.UUID) -> HttpResponse:
             "checkpoints": list(job.checkpoints.order_by("-step")),
             "can_act": is_operator(request.user) or job.owner_id == request.user.pk,
             "switches": _switches_spanned(job),
+            "placement_check": job_placement_check(job),
         },
     )
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ipaddress
+import re
 from typing import Any
 
 from django.shortcuts import get_object_or_404
@@ -22,6 +24,11 @@ from nodes.services import (
     cluster_sync_request,
     node_drain,
     node_resume,
+)
+
+_HOST_NAME = re.compile(
+    r"(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+    r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?"
 )
 
 
@@ -189,6 +196,21 @@ class ClusterRegisterApi(APIView):
             max_length=128, required=False, default="", allow_blank=True
         )
         is_default = serializers.BooleanField(default=False)
+
+        def validate_ssh_host(self, value: str) -> str:
+            # A host name or an IP address, nothing a resolver chokes on (a label over 63
+            # characters made the IDNA codec raise, a 500) or a shell could read.
+            value = value.strip()
+            try:
+                ipaddress.ip_address(value)
+                return value
+            except ValueError:
+                pass
+            if not _HOST_NAME.fullmatch(value):
+                raise serializers.ValidationError(
+                    "a host name (letters, digits, '-', '.'; labels of at most 63) or an IP address"
+                )
+            return value
 
     class OutputSerializer(serializers.Serializer):
         cluster = ClusterSerializer()

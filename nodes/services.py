@@ -83,6 +83,27 @@ def _validate_private_key(content: str) -> None:
     )
 
 
+_HOST_LABEL = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)$")
+
+
+def _validate_ssh_host(host: str) -> None:
+    """A host name (RFC 1123 labels) or an IP address; refused with the field otherwise."""
+    import ipaddress
+
+    text = (host or "").strip()
+    try:
+        ipaddress.ip_address(text)
+        return
+    except ValueError:
+        pass
+    labels = text.rstrip(".").split(".")
+    if not text or len(text) > 253 or not all(_HOST_LABEL.match(label) for label in labels):
+        raise FieldError(
+            "ssh_host",
+            "not a host name or IP address (letters, digits and '-', labels of at most 63)",
+        )
+
+
 def cluster_register(
     *,
     actor: Any,
@@ -107,6 +128,7 @@ def cluster_register(
     a refused login, Slurm missing. Nothing is saved unless the probe succeeds. Safe to
     re-run with ``update_existing`` (the dev cluster is registered on every ``make run``).
     """
+    _validate_ssh_host(ssh_host)
     existing = Cluster.objects.filter(name=name).first()
     if existing is not None and not update_existing:
         raise FieldError("name", f"a cluster named {name!r} is already registered")

@@ -124,8 +124,51 @@ def cluster_sync_action(request: HttpRequest, cluster_id: int) -> HttpResponse:
     return HttpResponseRedirect(reverse("overview"))
 
 
+def _topology_highlight(request: HttpRequest) -> dict[str, object]:
+    """Nodes (and the switches they span) to highlight: ``?job=<id>`` for where a job runs,
+    ``?nodes=n[1-2]&cluster=<name>`` for a proposed placement."""
+    from jobs.selectors import job_get_for_user
+    from nodes.placement import placement_quality
+    from nodes.placement_service import placement_inputs
+    from nodes.slurm.hostlist import expand
+
+    cluster = None
+    names: list[str] = []
+    caption = ""
+    if request.GET.get("job"):
+        job = job_get_for_user(user=request.user, job_id=request.GET["job"])
+        cluster, names = job.cluster, job.allocated_node_names
+        caption = (
+            f"Job {job.name}: {job.allocated_nodes}"
+            if names
+            else f"Job {job.name} is not placed yet."
+        )
+    elif request.GET.get("nodes"):
+        try:
+            names = expand(request.GET["nodes"])
+        except ValueError:
+            names = []
+        name = request.GET.get("cluster")
+        found = Cluster.objects.filter(name=name).first() if name else None
+        cluster = found or Cluster.objects.filter(is_default=True).first()
+        caption = f"Proposed placement: {request.GET['nodes']}"
+    if cluster is None or not names:
+        return {"caption": caption, "cluster_id": None, "nodes": [], "switches": []}
+    infos, switches = placement_inputs(cluster)
+    check = placement_quality(names, infos, switches, None)
+    if check.switches_spanned:
+        caption += f" — spans {', '.join(check.switches_spanned)}"
+    return {
+        "caption": caption,
+        "cluster_id": cluster.pk,
+        "nodes": names,
+        "switches": list(check.switches_spanned),
+    }
+
+
 @login_required
 def topology_page(request: HttpRequest) -> HttpResponse:
+    highlight = _topology_highlight(request)
     trees = []
     for cluster in cluster_list():
         roots = switch_tree(cluster=cluster)
@@ -135,4 +178,4 @@ def topology_page(request: HttpRequest) -> HttpResponse:
             .prefetch_related("gpus")
         )
         trees.append((cluster, roots, unplaced))
-    return render(request, "nodes/topology.html", {"trees": trees})
+    return render(request, "nodes/topology.html", {"trees": trees, "highlight": highlight})

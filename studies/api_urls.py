@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
-from django.urls import URLPattern
+from django.urls import URLPattern, path
 
-urlpatterns: list[URLPattern] = []
+from studies import api
+
+urlpatterns: list[URLPattern] = [
+    path("studies/", api.StudyListCreateApi.as_view(), name="study-list"),
+    path("studies/<int:study_id>/", api.StudyDetailApi.as_view(), name="study-detail"),
+]

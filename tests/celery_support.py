@@ -12,6 +12,15 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 
+# Fast cycles for tests that run the real worker and beat.
+STACK_ENV = {
+    "GANTRY_RECONCILE_INTERVAL": "1",
+    "GANTRY_SYNC_INTERVAL": "30",
+    "GANTRY_SUBMIT_REQUEUE_AFTER": "20",
+    "GANTRY_DRILL_POLICY_INTERVAL": "2",
+    "GANTRY_DRILL_SUBMIT_RETRIES": "2",
+}
+
 
 def database_url_for(settings_dict: dict[str, Any]) -> str:
     engine = settings_dict["ENGINE"]
@@ -54,8 +63,8 @@ class CeleryProcess:
         return self.log_path.read_text(errors="replace")
 
 
-def start_worker(
-    *, database_url: str, log_path: Path, extra_env: dict[str, str] | None = None, name: str = "w1"
+def _celery(
+    command: list[str], *, database_url: str, log_path: Path, extra_env: dict[str, str] | None
 ) -> CeleryProcess:
     env = dict(os.environ)
     env.update(
@@ -66,46 +75,29 @@ def start_worker(
         }
     )
     env.update(extra_env or {})
-    argv = [
-        sys.executable,
-        "-m",
-        "celery",
-        "-A",
-        "controlplane",
+    argv = [sys.executable, "-m", "celery", "-A", "controlplane", *command, "--loglevel=INFO"]
+    return CeleryProcess(argv, env, log_path)
+
+
+def start_worker(
+    *, database_url: str, log_path: Path, extra_env: dict[str, str] | None = None, name: str = "w1"
+) -> CeleryProcess:
+    command = [
         "worker",
         "--pool=solo",
         "--concurrency=1",
         "--without-gossip",
         "--without-mingle",
         f"--hostname={name}@%h",
-        "--loglevel=INFO",
     ]
-    return CeleryProcess(argv, env, log_path)
+    return _celery(command, database_url=database_url, log_path=log_path, extra_env=extra_env)
 
 
 def start_beat(
     *, database_url: str, log_path: Path, extra_env: dict[str, str] | None = None
 ) -> CeleryProcess:
-    env = dict(os.environ)
-    env.update(
-        {
-            "DJANGO_SETTINGS_MODULE": "controlplane.settings_test",
-            "DATABASE_URL": database_url,
-            "PYTHONUNBUFFERED": "1",
-        }
-    )
-    env.update(extra_env or {})
-    argv = [
-        sys.executable,
-        "-m",
-        "celery",
-        "-A",
-        "controlplane",
-        "beat",
-        "--loglevel=INFO",
-        f"--schedule={log_path.parent / 'celerybeat-schedule'}",
-    ]
-    return CeleryProcess(argv, env, log_path)
+    command = ["beat", f"--schedule={log_path.parent / 'celerybeat-schedule'}"]
+    return _celery(command, database_url=database_url, log_path=log_path, extra_env=extra_env)
 
 
 def flush_test_broker() -> None:

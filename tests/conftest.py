@@ -71,14 +71,7 @@ def anonymous_api() -> APIClient:
     return APIClient()
 
 
-# Fast cycles for tests that run the real worker and beat.
-STACK_ENV = {
-    "GANTRY_RECONCILE_INTERVAL": "1",
-    "GANTRY_SYNC_INTERVAL": "30",
-    "GANTRY_SUBMIT_REQUEUE_AFTER": "20",
-    "GANTRY_DRILL_POLICY_INTERVAL": "2",
-    "GANTRY_DRILL_SUBMIT_RETRIES": "2",
-}
+from celery_support import STACK_ENV  # noqa: E402
 
 
 @pytest.fixture
@@ -95,6 +88,14 @@ def celery_stack(transactional_db: Any, tmp_path: Any, request: Any) -> Any:
     beat = start_beat(database_url=url, log_path=tmp_path / "beat.log", extra_env=STACK_ENV)
     request.addfinalizer(beat.stop)
     return {"worker": worker, "beat": beat}
+
+
+@pytest.fixture(scope="session")
+def devcluster() -> Any:
+    """The real dev cluster (Slurm + sshd on loopback), brought up once; never torn down."""
+    from devcluster_support import ensure_up
+
+    return ensure_up()
 
 
 @pytest.fixture

@@ -184,7 +184,16 @@ class SlurmClient:
         ids = [commands.check_job_id(job_id) for job_id in job_ids]
         if not ids:
             return {}
-        return {job.job_id: job for job in self._queue(ids)}
+        # Slurm 22.05's squeue --json cannot filter: the whole queue would come back every
+        # cycle. The text form filters on the controller, so only our jobs travel.
+        result = self.transport.exec(commands.squeue_text(ids), check=False)
+        if result.rc != 0:
+            # squeue -j with only unknown ids fails with "Invalid job id specified".
+            if "invalid job id" in result.stderr.lower():
+                return {}
+            raise command_error(result.argv, result.rc, result.stdout, result.stderr)
+        wanted = set(ids)
+        return {job.job_id: job for job in parse_squeue_text(result.stdout) if job.job_id in wanted}
 
     def jobs_accounting(
         self, job_ids: Iterable[str | int], *, start: datetime | None = None

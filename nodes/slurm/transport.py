@@ -337,6 +337,9 @@ class SshTransport:
         argv = [str(part) for part in argv]
         if not argv:
             raise ValueError("empty argv")
+        if any("\x00" in part for part in argv):
+            # A NUL cannot travel in an SSH exec request; refuse rather than cut it short.
+            raise ValueError("an argument contains a NUL byte")
         return self._run(shlex.join(argv), argv, stdin=stdin, timeout=timeout, check=check)
 
     def exec_shell(

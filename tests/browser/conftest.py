@@ -75,32 +75,7 @@ def log_in(
     page.wait_for_selector("nav.mainnav")
 
 
-@pytest.fixture(scope="session")
-def devcluster() -> Any:
-    from devcluster_support import ensure_up
-
-    return ensure_up()
-
-
 @pytest.fixture
-def synced_devcluster(devcluster: Any, db: Any) -> Any:
+def synced_devcluster(dev_cluster_registered: Any) -> Any:
     """The dev cluster registered in Gantry and synced once."""
-    from nodes.services import cluster_register, cluster_sync
-    from nodes.slurm.transport import close_all
-
-    devcluster.wait_quiet()
-    close_all()
-    registration = cluster_register(
-        actor=None,
-        name="devcluster",
-        ssh_host=devcluster.host,
-        ssh_port=devcluster.port,
-        ssh_user=devcluster.user,
-        private_key=devcluster.key.read_text(),
-        workdir=devcluster.workdir,
-        python=devcluster.python,
-        expected_fingerprint=devcluster.host_fingerprint,
-        sync=False,
-    )
-    assert cluster_sync(cluster_id=registration.cluster.pk).ok
-    return registration.cluster
+    return dev_cluster_registered

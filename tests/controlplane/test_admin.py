@@ -56,6 +56,9 @@ def populated(operator: Any, researcher: Any) -> dict[str, Any]:
     checkpoint = CheckpointFactory(job=job, step=100)
     RestoreDrill.objects.create(checkpoint=checkpoint, allocation={"nodes": 1}, allocation_key="n1")
     audit_event_record(actor=operator, action="node.drain", target=node, details={"reason": "fan"})
+    from jobs.models import DrillPolicy
+
+    DrillPolicy.objects.create(cluster=switch.cluster, enabled=True, running_every_hours=6)
     return {"node": node, "job": job}
 
 

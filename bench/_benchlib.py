@@ -1,0 +1,403 @@
+"""Shared plumbing for the benchmarks: a bench database, Django set-up, the dev cluster,
+seeding and small statistics helpers. Not a test; nothing here runs in CI.
+
+Databases: SQLite files under ``var/bench/`` or PostgreSQL databases named
+``gantry_bench_*`` on 127.0.0.1 (trust auth, user postgres). Never any other database.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+BENCH_DIR = REPO / "var" / "bench"
+PG_HOST = "127.0.0.1"
+PG_PORT = "5432"
+PG_USER = "postgres"
+LOCK = "/tmp/gantry-devcluster.lock"
+
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+if str(REPO / "tests") not in sys.path:
+    sys.path.append(str(REPO / "tests"))
+
+
+# ---------------------------------------------------------------- databases
+
+
+def pg_url(name: str) -> str:
+    return f"postgres://{PG_USER}@{PG_HOST}:{PG_PORT}/{name}"
+
+
+def sqlite_url(name: str) -> str:
+    BENCH_DIR.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{BENCH_DIR / (name + '.sqlite3')}"
+
+
+def _check_bench_name(name: str) -> None:
+    if not name.startswith("gantry_bench"):
+        raise SystemExit(f"refusing to touch database {name!r}: bench databases are gantry_bench*")
+
+
+def pg_create(name: str, *, fresh: bool = True) -> None:
+    _check_bench_name(name)
+    base = ["-h", PG_HOST, "-p", PG_PORT, "-U", PG_USER]
+    if fresh:
+        subprocess.run(["dropdb", *base, "--if-exists", "--force", name], check=True)
+    exists = subprocess.run(
+        ["psql", *base, "-tAc", f"select 1 from pg_database where datname='{name}'", "postgres"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    if not exists:
+        subprocess.run(["createdb", *base, name], check=True)
+
+
+def pg_drop(name: str) -> None:
+    _check_bench_name(name)
+    subprocess.run(
+        ["dropdb", "-h", PG_HOST, "-p", PG_PORT, "-U", PG_USER, "--if-exists", "--force", name],
+        check=False,
+    )
+
+
+def sqlite_remove(name: str) -> None:
+    path = BENCH_DIR / (name + ".sqlite3")
+    for suffix in ("", "-wal", "-shm", "-journal"):
+        Path(f"{path}{suffix}").unlink(missing_ok=True)
+
+
+def bench_env(database_url: str) -> dict[str, str]:
+    """Environment for Django (this process or a child: worker, beat, gunicorn).
+
+    PostgreSQL JIT is off for bench connections (libpq reads PGOPTIONS) unless
+    GANTRY_BENCH_PG_JIT=on: with JIT on, the overview's one-OR-branch-per-running-job query
+    at 2,500 running jobs kept LLVM compiling for over 20 minutes in backends that ignore
+    pg_terminate_backend, and every DROP DATABASE on the server waited for them.
+    """
+    jit = os.environ.get("GANTRY_BENCH_PG_JIT", "off")
+    return {
+        "PGOPTIONS": f"-c jit={'on' if jit == 'on' else 'off'}",
+        "DJANGO_SETTINGS_MODULE": "controlplane.settings_test",
+        "DATABASE_URL": database_url,
+        "GANTRY_DATA_DIR": str(BENCH_DIR / "data"),
+        # A Redis database and key prefix of our own: never the tests' or dev server's.
+        "REDIS_URL": "redis://127.0.0.1:6379/12",
+        "GANTRY_TEST_RUN_ID": f"bench{os.getpid()}",
+    }
+
+
+def django_setup(database_url: str, *, migrate: bool = True) -> None:
+    os.environ.update(bench_env(database_url))
+    import django
+
+    django.setup()
+    if migrate:
+        from django.core.management import call_command
+
+        call_command("migrate", verbosity=0, interactive=False)
+
+
+def db_vendor() -> str:
+    from django.db import connection
+
+    return connection.vendor
+
+
+# ---------------------------------------------------------------- statistics
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    index = max(0, min(len(ordered) - 1, round(q * len(ordered) + 0.5) - 1))
+    return ordered[index]
+
+
+def med(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def table(rows: list[list[Any]], header: list[str]) -> str:
+    cells = [[str(c) for c in header]] + [[str(c) for c in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
+    lines = []
+    for n, row in enumerate(cells):
+        lines.append(
+            "  ".join(
+                c.rjust(w) if i else c.ljust(w)
+                for i, (c, w) in enumerate(zip(row, widths, strict=True))
+            )
+        )
+        if n == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- dev cluster
+
+
+def devcluster() -> Any:
+    from devcluster_support import ensure_up
+
+    return ensure_up()
+
+
+def register_devcluster(dc: Any, *, sync: bool = True) -> Any:
+    """The dev cluster registered in the bench database (as the tests' fixture does)."""
+    from nodes.models import Cluster
+    from nodes.services import cluster_register, cluster_sync
+    from nodes.slurm.transport import close_all
+
+    existing = Cluster.objects.filter(name="devcluster").first()
+    if existing is not None:
+        return existing
+    close_all()
+    registration = cluster_register(
+        actor=None,
+        name="devcluster",
+        ssh_host=dc.host,
+        ssh_port=dc.port,
+        ssh_user=dc.user,
+        private_key=dc.key.read_text(),
+        workdir=dc.workdir,
+        python=dc.python,
+        expected_fingerprint=dc.host_fingerprint,
+        is_default=True,
+        sync=False,
+    )
+    if sync:
+        assert cluster_sync(cluster_id=registration.cluster.pk).ok
+    return registration.cluster
+
+
+# ---------------------------------------------------------------- users and seeding
+
+
+def make_user(username: str, role: str, *, staff: bool = False) -> Any:
+    from django.contrib.auth.models import Group, User
+
+    user, _ = User.objects.get_or_create(username=username, defaults={"is_staff": staff})
+    user.set_password("bench-password")
+    user.save()
+    user.groups.add(Group.objects.get(name=role))
+    return user
+
+
+def seed(
+    *,
+    jobs: int,
+    metric_jobs: int,
+    points_per_job: int,
+    nodes: int = 0,
+    users: int = 4,
+    clusters: int = 2,
+    say: Any = print,
+) -> dict[str, Any]:
+    """``jobs`` Job rows across ``users`` researchers and ``clusters`` clusters (bulk_create),
+    ``points_per_job`` metric points for each of ``metric_jobs`` of them (raw batch insert:
+    COPY on PostgreSQL, executemany on SQLite) and ``nodes`` nodes with 2 GPUs each."""
+    from django.db import connection, transaction
+    from django.db.models import F
+
+    from jobs.models import Job, MetricPoint
+    from nodes.models import Cluster, Gpu, Node, Switch
+
+    started = time.perf_counter()
+    owners = [make_user(f"bench-user-{i}", "researchers") for i in range(users)]
+    operator = make_user("bench-operator", "operators", staff=True)
+    cluster_rows = []
+    for i in range(clusters):
+        cluster, _ = Cluster.objects.get_or_create(
+            name=f"benchcluster{i}",
+            defaults={
+                "ssh_host": "127.0.0.1",
+                "ssh_port": 1 + i,
+                "ssh_user": "nobody",
+                "workdir": "/nonexistent",
+                "default_partition": "batch",
+                "is_default": i == 0,
+            },
+        )
+        cluster_rows.append(cluster)
+    states = ["completed"] * 6 + ["failed", "cancelled", "running", "pending"]
+    now = datetime.now(tz=UTC)
+    batch: list[Job] = []
+    total = 0
+    with transaction.atomic():
+        for i in range(jobs):
+            state = states[i % len(states)]
+            created = now - timedelta(seconds=jobs - i)
+            batch.append(
+                Job(
+                    owner=owners[i % users],
+                    cluster=cluster_rows[i % clusters],
+                    name=f"bench-job-{i:06d}",
+                    config={"preset": "tiny", "steps": 100},
+                    nodes=1,
+                    tasks_per_node=1,
+                    partition="batch",
+                    state=state,
+                    slurm_job_id=str(100000 + i),
+                    total_steps=100,
+                    last_step=100 if state == "completed" else 50,
+                    files_final=state not in ("running", "pending"),
+                    submitted_at=created,
+                    started_at=created if state != "pending" else None,
+                    ended_at=created if state in ("completed", "failed", "cancelled") else None,
+                    exit_code=0 if state == "completed" else (1 if state == "failed" else None),
+                )
+            )
+            if len(batch) >= 5000:
+                Job.objects.bulk_create(batch)
+                total += len(batch)
+                batch = []
+        if batch:
+            Job.objects.bulk_create(batch)
+        # created_at is auto_now_add: spread it so "newest first" pages are meaningful.
+        Job.objects.filter(owner__in=owners).update(created_at=F("submitted_at"))
+    t_jobs = time.perf_counter() - started
+    # The metric jobs: the newest running ones of user 0 (visible on their pages).
+    metric_job_ids = list(
+        Job.objects.filter(owner=owners[0])
+        .order_by("-created_at")
+        .values_list("id", flat=True)[:metric_jobs]
+    )
+    t0 = time.perf_counter()
+    insert_metric_points(metric_job_ids, points_per_job)
+    t_points = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    if nodes:
+        cluster = cluster_rows[0]
+        leaves = [
+            Switch.objects.get_or_create(cluster=cluster, name=f"leaf{i}")[0]
+            for i in range(max(1, nodes // 32))
+        ]
+        node_objs = [
+            Node(
+                cluster=cluster,
+                name=f"bn{i:05d}",
+                state="idle" if i % 5 else "allocated",
+                cpus_total=64,
+                memory_mb=512000,
+                partitions=["batch"],
+                partitions_text=",batch,",
+                leaf_switch=leaves[i % len(leaves)],
+            )
+            for i in range(nodes)
+        ]
+        Node.objects.bulk_create(node_objs, batch_size=2000)
+        node_ids = list(Node.objects.filter(cluster=cluster).values_list("id", flat=True))
+        Gpu.objects.bulk_create(
+            [
+                Gpu(node_id=nid, index=g, gpu_type="h100", state="allocated" if g else "idle")
+                for nid in node_ids
+                for g in range(2)
+            ],
+            batch_size=5000,
+        )
+    t_nodes = time.perf_counter() - t0
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("ANALYZE")
+    else:
+        with connection.cursor() as cursor:
+            cursor.execute("ANALYZE")
+    say(
+        f"# seeded {jobs} jobs in {t_jobs:.1f} s, {len(metric_job_ids) * points_per_job} metric "
+        f"points in {t_points:.1f} s, {nodes} nodes in {t_nodes:.1f} s ({connection.vendor})"
+    )
+    return {
+        "owners": owners,
+        "operator": operator,
+        "metric_job_ids": metric_job_ids,
+        "clusters": cluster_rows,
+        "MetricPoint": MetricPoint,
+    }
+
+
+def insert_metric_points(job_ids: list[Any], points_per_job: int) -> None:
+    from django.db import connection, transaction
+
+    from jobs.models import Job, MetricPoint
+
+    base = datetime(2025, 1, 1, tzinfo=UTC).timestamp()
+    columns = [
+        "job_id",
+        "step",
+        "wall_time",
+        "elapsed_s",
+        "loss",
+        "samples_per_s",
+        "tokens_per_s",
+        "step_time_s",
+        "data_time_s",
+        "checkpoint_blocking_s",
+        "world_size",
+    ]
+    table_name = MetricPoint._meta.db_table
+    pk_field = Job._meta.pk
+    for job_id in job_ids:
+        db_job = pk_field.get_db_prep_value(job_id, connection)
+        if connection.vendor == "postgresql":
+            with (
+                transaction.atomic(),
+                connection.cursor() as cursor,
+                cursor.cursor.copy(f"COPY {table_name} ({', '.join(columns)}) FROM STDIN") as copy,
+            ):
+                for step in range(points_per_job):
+                    wall = datetime.fromtimestamp(base + step * 0.1, tz=UTC)
+                    copy.write_row(
+                        (
+                            job_id,
+                            step,
+                            wall,
+                            step * 0.1,
+                            5.0 / (1 + step * 0.001),
+                            400.0,
+                            25600.0,
+                            0.1,
+                            0.01,
+                            0.0,
+                            1,
+                        )
+                    )
+        else:
+            rows = [
+                (
+                    db_job,
+                    step,
+                    connection.ops.adapt_datetimefield_value(
+                        datetime.fromtimestamp(base + step * 0.1, tz=UTC)
+                    ),
+                    step * 0.1,
+                    5.0 / (1 + step * 0.001),
+                    400.0,
+                    25600.0,
+                    0.1,
+                    0.01,
+                    0.0,
+                    1,
+                )
+                for step in range(points_per_job)
+            ]
+            with transaction.atomic(), connection.cursor() as cursor:
+                cursor.executemany(
+                    f"INSERT INTO {table_name} ({', '.join(columns)}) VALUES "
+                    f"({', '.join(['%s'] * len(columns))})",
+                    rows,
+                )
+
+
+def new_uuid() -> uuid.UUID:
+    return uuid.uuid4()

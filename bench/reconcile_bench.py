@@ -1,0 +1,204 @@
+"""Job reconcile cost on the dev cluster as the number of active jobs grows.
+
+    flock /tmp/gantry-devcluster.lock .venv/bin/python bench/reconcile_bench.py \
+        [--quick] [--sizes 1,200,500] [--cycles 10] [--db sqlite|postgres] [--keep]
+
+Submits max(sizes) real Slurm jobs held in the queue (``sbatch --hold``: they stay PENDING
+and use no resources) as the cluster user over Gantry's own SSH transport, creates one Job
+row per Slurm job in a bench database (SQLite var/bench/reconcile.sqlite3 or PostgreSQL
+gantry_bench_reconcile) with the dev cluster registered, and for each size makes exactly
+that many of them active and runs ``jobs.services.cluster_reconcile`` cycles. Prints per
+size: remote commands per cycle (ReconcileResult.commands, the transport's commands_run
+delta; goal: constant, <= 3), SQL queries per cycle, and cycle wall time median / p95.
+Cancels every Slurm job it submitted (by id) at the end, whatever happens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _benchlib as lib
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="sizes 1,50; 4 cycles")
+    parser.add_argument("--sizes", default=None, help="comma-separated active-job counts")
+    parser.add_argument("--cycles", type=int, default=None)
+    parser.add_argument("--db", choices=["sqlite", "postgres"], default="sqlite")
+    parser.add_argument("--keep", action="store_true", help="keep the bench database")
+    args = parser.parse_args()
+    sizes = [int(s) for s in (args.sizes or ("1,50" if args.quick else "1,200,500")).split(",")]
+    cycles = args.cycles or (4 if args.quick else 10)
+    started_all = time.perf_counter()
+
+    name = "gantry_bench_reconcile" if args.db == "postgres" else "reconcile"
+    if args.db == "postgres":
+        lib.pg_create(name)
+        url = lib.pg_url(name)
+    else:
+        lib.sqlite_remove(name)
+        url = lib.sqlite_url(name)
+    lib.django_setup(url)
+
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+    from django.utils import timezone
+
+    from jobs.models import Job
+    from jobs.services import cluster_reconcile
+    from nodes.cluster_access import transport_for
+    from nodes.slurm.transport import close_all
+
+    dc = lib.devcluster()
+    dc.wait_quiet()
+    cluster = lib.register_devcluster(dc)
+    owner = lib.make_user("bench-reconcile", "researchers")
+    transport = transport_for(cluster)
+    total = max(sizes)
+    slurm_ids: list[str] = []
+    rows = []
+    try:
+        t0 = time.perf_counter()
+        # One remote command submits them all (the submit path is not what is measured).
+        script = (
+            f"cd {dc.workdir} && for i in $(seq 1 {total}); do "
+            f"sbatch --hold --parsable -J gantry-bench-reconcile -p {dc.default_partition} "
+            "-t 5 -o /dev/null --wrap 'sleep 120' || exit 1; done"
+        )
+        output = transport.exec_shell(script, timeout=600).stdout
+        slurm_ids = [line.split(";")[0].strip() for line in output.split() if line.strip()]
+        submit_s = time.perf_counter() - t0
+        assert len(slurm_ids) == total, (len(slurm_ids), output[-500:])
+        now = timezone.now()
+        Job.objects.bulk_create(
+            [
+                Job(
+                    owner=owner,
+                    cluster=cluster,
+                    name=f"bench-reconcile-{i}",
+                    config={"preset": "tiny"},
+                    partition=dc.default_partition,
+                    state=Job.State.CANCELLED,  # parked; made active per size below
+                    files_final=True,
+                    slurm_job_id=slurm_id,
+                    submitted_at=now - timedelta(seconds=5),
+                )
+                for i, slurm_id in enumerate(slurm_ids)
+            ]
+        )
+        print(
+            f"# submitted {total} held Slurm jobs in {submit_s:.1f} s "
+            f"({slurm_ids[0]}..{slurm_ids[-1]}); db {connection.vendor}"
+        )
+        ordered_ids = list(
+            Job.objects.filter(owner=owner).order_by("slurm_job_id").values_list("id", flat=True)
+        )
+        for size in sizes:
+            Job.objects.filter(owner=owner).update(state=Job.State.CANCELLED, files_final=True)
+            Job.objects.filter(id__in=ordered_ids[:size]).update(
+                state=Job.State.PENDING, files_final=False, state_reason=""
+            )
+            cluster_reconcile(cluster_id=cluster.pk)  # warm-up: first view of each job
+            commands: list[int] = []
+            queries: list[int] = []
+            seconds: list[float] = []
+            errors: list[str] = []
+            for _ in range(cycles):
+                connection.queries_log.clear()  # its deque keeps 9000: count per cycle
+                with CaptureQueriesContext(connection) as captured:
+                    t = time.perf_counter()
+                    result = cluster_reconcile(cluster_id=cluster.pk)
+                    seconds.append(time.perf_counter() - t)
+                commands.append(result.commands)
+                queries.append(len(captured.captured_queries))
+                errors += result.errors
+            pending = Job.objects.filter(owner=owner, state=Job.State.PENDING).count()
+            rows.append(
+                [
+                    size,
+                    f"{min(commands)}-{max(commands)}"
+                    if min(commands) != max(commands)
+                    else commands[0],
+                    f"{min(queries)}-{max(queries)}"
+                    if min(queries) != max(queries)
+                    else queries[0],
+                    f"{lib.med(seconds) * 1000:.0f}",
+                    f"{lib.pct(seconds, 0.95) * 1000:.0f}",
+                    f"{lib.med(seconds) * 1000 / size:.2f}",
+                    pending,
+                    len(errors),
+                ]
+            )
+            print(
+                f"  {size} active: commands {commands}, queries {queries[0]}, "
+                f"median {lib.med(seconds) * 1000:.0f} ms"
+                + (f", errors {errors[:1]}" if errors else "")
+            )
+        # Where the time goes at the largest size: remote command vs the rest.
+        Job.objects.filter(id__in=ordered_ids[: max(sizes)]).update(state=Job.State.PENDING)
+        from nodes.cluster_access import slurm_client_for
+
+        client = slurm_client_for(cluster)
+        squeue_s = []
+        for _ in range(5):
+            t = time.perf_counter()
+            client.jobs_in_queue(slurm_ids[: max(sizes)])
+            squeue_s.append(time.perf_counter() - t)
+    finally:
+        if slurm_ids:
+            for i in range(0, len(slurm_ids), 200):
+                transport.exec(["scancel", *slurm_ids[i : i + 200]], check=False)
+            print(f"# cancelled {len(slurm_ids)} Slurm jobs (scancel by id)")
+        close_all()
+        if not args.keep:
+            connection.close()
+            if args.db == "postgres":
+                lib.pg_drop(name)
+            else:
+                lib.sqlite_remove(name)
+    print(
+        f"\n# reconcile bench: dev cluster (Slurm, 4 nodes), held PENDING jobs, {cycles} "
+        f"cycles per size after 1 warm-up, {connection.vendor}"
+    )
+    print(
+        lib.table(
+            rows,
+            [
+                "active jobs",
+                "remote cmds/cycle",
+                "SQL queries/cycle",
+                "median ms",
+                "p95 ms",
+                "ms/job",
+                "still pending",
+                "errors",
+            ],
+        )
+    )
+    big = max(sizes)
+    print(
+        f"squeue round trip for {big} ids alone (client.jobs_in_queue): median "
+        f"{lib.med(squeue_s) * 1000:.0f} ms"
+    )
+    cmd_ok = all(str(r[1]) in ("1", "2", "3") for r in rows)
+    print(
+        f"goal remote commands constant and <= 3 from {sizes[0]} to {big} jobs: "
+        f"{'MET' if cmd_ok and len({str(r[1]) for r in rows}) == 1 else 'NOT MET'}"
+    )
+    print(
+        f"cycle time {sizes[0]} vs {big} jobs: {rows[0][3]} ms vs {rows[-1][3]} ms "
+        f"(x{float(rows[-1][3]) / max(1.0, float(rows[0][3])):.1f}); SQL queries per cycle "
+        f"{rows[0][2]} vs {rows[-1][2]}"
+    )
+    print(f"total {time.perf_counter() - started_all:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,137 @@
+"""Login throttling: a few failed attempts per user name and per client address per window.
+
+Counters live in the ``ratelimit`` cache (Redis in production, so every gunicorn worker
+sees the same counts; a per-process cache would multiply the limit by the number of
+workers). If the cache is down, logins are not blocked: refusing every login because
+Redis restarted would be worse than a short window without throttling, and it is logged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth import views as auth_views
+from django.core.cache import caches
+from django.http import HttpRequest, HttpResponse
+from rest_framework.authentication import TokenAuthentication
+from rest_framework.exceptions import AuthenticationFailed, Throttled
+
+logger = logging.getLogger(__name__)
+
+CACHE_ALIAS = "ratelimit"
+
+
+def _key(kind: str, value: str) -> str:
+    digest = hashlib.sha256(value.strip().lower().encode()).hexdigest()[:32]
+    return f"gantry:ratelimit:{kind}:{digest}"
+
+
+def client_address(request: HttpRequest) -> str:
+    # REMOTE_ADDR only: X-Forwarded-For is set by the client unless a proxy rewrites it,
+    # and trusting it would let an attacker pick a fresh address per attempt.
+    return str(request.META.get("REMOTE_ADDR") or "unknown")
+
+
+class FailureCounter:
+    def __init__(self, *, max_failures: int, window_seconds: int) -> None:
+        self.max_failures = max_failures
+        self.window_seconds = window_seconds
+
+    def _count(self, key: str) -> int:
+        try:
+            return int(caches[CACHE_ALIAS].get(key) or 0)
+        except Exception:
+            logger.warning("rate-limit cache unavailable; not throttling", exc_info=True)
+            return 0
+
+    def blocked(self, *keys: str) -> bool:
+        return any(self._count(key) >= self.max_failures for key in keys)
+
+    def fail(self, *keys: str) -> None:
+        cache = caches[CACHE_ALIAS]
+        for key in keys:
+            try:
+                # add() starts the window; incr() keeps its expiry.
+                if not cache.add(key, 1, timeout=self.window_seconds):
+                    cache.incr(key)
+            except ValueError:
+                cache.set(key, 1, timeout=self.window_seconds)
+            except Exception:
+                logger.warning("rate-limit cache unavailable; not counting", exc_info=True)
+
+    def reset(self, *keys: str) -> None:
+        try:
+            caches[CACHE_ALIAS].delete_many(list(keys))
+        except Exception:
+            logger.warning("rate-limit cache unavailable; not resetting", exc_info=True)
+
+
+def login_counter() -> FailureCounter:
+    return FailureCounter(
+        max_failures=settings.LOGIN_MAX_FAILURES, window_seconds=settings.LOGIN_FAILURE_WINDOW
+    )
+
+
+LOCKED_MESSAGE = (
+    "Too many failed log-in attempts for this user name or from this address; "
+    "wait {minutes} minutes and try again."
+)
+
+
+class RateLimitedLoginView(auth_views.LoginView):
+    """Django's login view, answering 429 with a clear message after too many failures."""
+
+    template_name = "registration/login.html"
+
+    def _keys(self, request: HttpRequest) -> tuple[str, str]:
+        username = str(request.POST.get("username", ""))
+        return _key("user", username), _key("ip", client_address(request))
+
+    def post(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        counter = login_counter()
+        if counter.blocked(*self._keys(request)):
+            logger.warning(
+                "login throttled for %r from %s",
+                str(request.POST.get("username", ""))[:64],
+                client_address(request),
+            )
+            form = self.get_form()
+            minutes = max(1, counter.window_seconds // 60)
+            form.add_error(None, LOCKED_MESSAGE.format(minutes=minutes))
+            response = self.render_to_response(self.get_context_data(form=form))
+            response.status_code = 429
+            response["Retry-After"] = str(counter.window_seconds)
+            return response
+        return super().post(request, *args, **kwargs)
+
+    def form_invalid(self, form: Any) -> HttpResponse:
+        login_counter().fail(*self._keys(self.request))
+        return super().form_invalid(form)
+
+    def form_valid(self, form: Any) -> HttpResponse:
+        user_key, _ = self._keys(self.request)
+        login_counter().reset(user_key)
+        return super().form_valid(form)
+
+
+class ThrottledTokenAuthentication(TokenAuthentication):
+    """Token auth that stops answering a client address after many bad tokens (429)."""
+
+    def authenticate(self, request: Any) -> Any:
+        counter = FailureCounter(
+            max_failures=settings.TOKEN_MAX_FAILURES, window_seconds=settings.LOGIN_FAILURE_WINDOW
+        )
+        key = _key("token-ip", client_address(request))
+        if counter.blocked(key) and request.META.get("HTTP_AUTHORIZATION"):
+            raise Throttled(
+                wait=counter.window_seconds,
+                detail="Too many requests with invalid tokens from this address.",
+            )
+        try:
+            return super().authenticate(request)
+        except AuthenticationFailed:
+            counter.fail(key)
+            raise

@@ -1,0 +1,13 @@
+"""Celery tasks for studies: thin, one service call each."""
+
+from __future__ import annotations
+
+from celery import shared_task
+
+from studies.services import studies_advance_all
+
+
+@shared_task(name="studies.advance_all", time_limit=120, soft_time_limit=100)
+def studies_advance_all_task() -> int:
+    """Submit the next point of every study whose previous point ended. Safe to re-run."""
+    return studies_advance_all()

@@ -1,0 +1,120 @@
+"""Helpers for the fault-injection suite."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from rest_framework.test import APIClient
+
+from devcluster_support import DevCluster
+from jobs.models import Job, JobEvent
+from nodes.slurm import commands as slurm_commands
+
+TRIALS = int(os.environ.get("GANTRY_FAULT_TRIALS", "10"))
+
+
+@dataclass
+class FaultRow:
+    fault: str
+    trials: int = 0
+    faults_injected: int = 0
+    duplicates: int = 0
+    lost: int = 0
+    wrong: int = 0
+    notes: str = ""
+
+
+@dataclass
+class FaultReport:
+    rows: list[FaultRow] = field(default_factory=list)
+
+    def row(self, fault: str) -> FaultRow:
+        row = FaultRow(fault=fault)
+        self.rows.append(row)
+        return row
+
+
+REPORT = FaultReport()
+
+
+def submit_tiny(
+    api: APIClient, count: int, *, name: str, steps: int = 3, **extra: Any
+) -> list[str]:
+    ids = []
+    for number in range(count):
+        body: dict[str, Any] = {
+            "name": f"{name}-{number}",
+            "partition": "batch",
+            "nodes": 1,
+            "gpus_per_node": 0,
+            "tasks_per_node": 1,
+            "time_limit_minutes": 5,
+            "config": {"preset": "tiny", "steps": steps, "checkpoint_every": 0},
+        }
+        body.update(extra)
+        response = api.post("/api/v1/jobs/submit/", body, format="json")
+        assert response.status_code == 202, response.json()
+        ids.append(str(response.json()["id"]))
+    return ids
+
+
+def slurm_jobs_by_tag(devcluster: DevCluster) -> dict[str, set[str]]:
+    """Every Slurm job of the last hour (queue and accounting), grouped by job name."""
+    found: dict[str, set[str]] = defaultdict(set)
+    accounting = devcluster.slurm(
+        ["sacct", "-n", "-X", "-P", "-a", "-o", "JobID,JobName%80", "-S", "now-1hours"]
+    ).stdout
+    queue = devcluster.slurm(["squeue", "-h", "-a", "-o", "%i|%j"]).stdout
+    for line in (accounting + "\n" + queue).splitlines():
+        if "|" in line:
+            job_id, name = line.split("|", 1)
+            found[name.strip()].add(job_id.strip())
+    return found
+
+
+def duplicates_and_lost(devcluster: DevCluster, job_ids: list[str]) -> tuple[int, int, list[str]]:
+    """(jobs with more than one Slurm job, jobs with none and no clear failure, details)."""
+    by_tag = slurm_jobs_by_tag(devcluster)
+    duplicates = lost = 0
+    details = []
+    for job_id in job_ids:
+        job = Job.objects.get(id=job_id)
+        slurm_ids = by_tag.get(slurm_commands.job_tag(job_id), set())
+        if len(slurm_ids) > 1:
+            duplicates += 1
+            details.append(f"{job.name}: {len(slurm_ids)} Slurm jobs {sorted(slurm_ids)}")
+        elif not slurm_ids and not (job.state == Job.State.FAILED and job.state_reason):
+            lost += 1
+            details.append(f"{job.name}: no Slurm job, state {job.state}")
+        elif slurm_ids and job.slurm_job_id not in slurm_ids:
+            lost += 1
+            details.append(
+                f"{job.name}: tracks {job.slurm_job_id!r}, Slurm has {sorted(slurm_ids)}"
+            )
+    return duplicates, lost, details
+
+
+def wrong_transitions(job_ids: list[str]) -> list[str]:
+    """State changes no fault should cause: to failed/lost/node_fail, or running → pending."""
+    wrong = []
+    for event in JobEvent.objects.filter(job_id__in=job_ids, kind="state"):
+        if event.to_state in {"failed", "lost", "node_fail", "timeout"}:
+            wrong.append(f"{event.job_id}: {event.from_state} → {event.to_state} {event.message}")
+        if event.from_state == "running" and event.to_state == "pending":
+            wrong.append(f"{event.job_id}: running → pending")
+    return wrong
+
+
+def wait_all(predicate: Any, *, timeout: float, every: float = 0.5, on_tick: Any = None) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if on_tick is not None:
+            on_tick()
+        if predicate():
+            return True
+        time.sleep(every)
+    return bool(predicate())

@@ -1,0 +1,154 @@
+"""SSH private keys: 0600 files in a 0700 directory, never in the database, a page, the
+admin, the API or the logs. (Unknown and changed host keys are refused: see
+tests/integration/test_clusters.py and tests/nodes/slurm/.)"""
+
+from __future__ import annotations
+
+import json
+import logging
+import stat
+from pathlib import Path
+from typing import Any
+
+from django.apps import apps
+from django.db import models
+from django.test import Client
+from security_support import make_private_key_text
+
+GET_PAGES = [
+    "/",
+    "/nodes/",
+    "/nodes/{node}/",
+    "/topology/",
+    "/jobs/",
+    "/jobs/{job}/",
+    "/drills/",
+    "/jobs/new/",
+    "/admin/",
+    "/admin/nodes/cluster/",
+    "/admin/nodes/cluster/{cluster}/change/",
+    "/admin/nodes/cluster/add/",
+]
+GET_API = [
+    "/api/v1/clusters/",
+    "/api/v1/clusters/{cluster}/",
+    "/api/v1/nodes/",
+    "/api/v1/topology/",
+    "/api/v1/audit-events/",
+    "/api/v1/jobs/{job}/",
+    "/api/v1/clusters/{cluster}/drill-policy/",
+]
+
+
+def _key_text(cluster: Any) -> str:
+    from nodes.cluster_access import private_key_path
+
+    return private_key_path(cluster).read_text()
+
+
+def _fragments(key_text: str) -> list[str]:
+    """Pieces of the key body long enough to be unmistakable."""
+    body = "".join(line for line in key_text.splitlines() if not line.startswith("-----"))
+    return [body[i : i + 24] for i in range(0, len(body) - 24, 24)]
+
+
+def test_key_file_is_0600_in_a_0700_directory(dead_cluster: Any, isolated_ssh_dir: Path) -> None:
+    from nodes.cluster_access import known_hosts_path, private_key_path
+
+    key = private_key_path(dead_cluster)
+    assert stat.S_IMODE(key.stat().st_mode) == 0o600
+    assert stat.S_IMODE(key.parent.stat().st_mode) == 0o700
+    assert stat.S_IMODE(isolated_ssh_dir.stat().st_mode) == 0o700
+    assert stat.S_IMODE(known_hosts_path(dead_cluster).stat().st_mode) == 0o600
+    # Outside the database and outside anything the web server serves.
+    assert "static" not in key.parts
+
+
+def test_private_key_never_shown(
+    world: dict[str, Any],
+    operator: Any,
+    persona_tokens: dict[str, Any],
+    caplog: Any,
+    security_figures: Any,
+) -> None:
+    cluster = world["cluster"]
+    fragments = _fragments(_key_text(cluster))
+    assert fragments
+    ids = {"node": world["node"].pk, "job": world["job"].pk, "cluster": cluster.pk}
+    pages = Client()
+    pages.force_login(operator)
+    api = Client(HTTP_AUTHORIZATION=f"Token {persona_tokens['operator']}")
+    seen: list[tuple[str, str]] = []
+    caplog.set_level(logging.DEBUG)
+    for url in GET_PAGES:
+        response = pages.get(url.format(**ids))
+        assert response.status_code == 200, url
+        seen.append((url, response.content.decode(errors="replace")))
+    for url in GET_API:
+        response = api.get(url.format(**ids))
+        assert response.status_code == 200, url
+        seen.append((url, response.content.decode(errors="replace")))
+    # Calls that use the key (and fail: the host does not listen) and log about it.
+    for url in (
+        f"/api/v1/clusters/{cluster.pk}/probe/",
+        f"/api/v1/nodes/{world['node'].pk}/resume/",
+    ):
+        seen.append((url, api.post(url).content.decode(errors="replace")))
+
+    # A registration that fails after the key was read: its answer must not echo the key.
+    new_key = make_private_key_text()
+    fragments += _fragments(new_key)
+    for body in (
+        {
+            "name": "other",
+            "ssh_host": "127.0.0.1",
+            "ssh_port": 3,
+            "ssh_user": "g",
+            "private_key": new_key,
+            "workdir": "/srv",
+            "python": "/usr/bin/python3",
+        },
+        {
+            "name": "other",
+            "ssh_host": "127.0.0.1",
+            "ssh_port": 3,
+            "ssh_user": "g",
+            "private_key": new_key,
+            "workdir": "relative!",
+            "python": "/usr/bin/python3",
+        },
+        {
+            "name": "other",
+            "ssh_host": "127.0.0.1",
+            "ssh_port": 3,
+            "ssh_user": "g",
+            "private_key": new_key[:-80],
+            "workdir": "/srv",
+            "python": "/usr/bin/python3",
+        },
+    ):
+        response = api.post(
+            "/api/v1/clusters/register/", data=json.dumps(body), content_type="application/json"
+        )
+        assert response.status_code >= 400
+        seen.append(("register", response.content.decode(errors="replace")))
+    seen.append(("logs", caplog.text))
+
+    # Every text column of every table.
+    for model in apps.get_models():
+        text_fields = [
+            field.name
+            for field in model._meta.get_fields()
+            if isinstance(field, models.CharField | models.TextField | models.JSONField)
+        ]
+        if not text_fields:
+            continue
+        for row in model.objects.values_list(*text_fields):
+            seen.append((f"db {model._meta.label}", json.dumps(row, default=str)))
+
+    leaks = [
+        where for where, text in seen if "PRIVATE KEY" in text or any(f in text for f in fragments)
+    ]
+    security_figures.add("keys.places_scanned", len(seen))
+    security_figures.add("keys.leaks", len(leaks))
+    assert not leaks, f"private key text in: {leaks}"
