@@ -93,6 +93,10 @@ def use_broker(url: str) -> None:
     celery_app.conf.result_backend = url
     celery_app.pool.force_close_all()
     celery_app._pool = None  # type: ignore[attr-defined]
+    # The producer pool and the result backend hold on to the old connections too.
+    celery_app.amqp._producer_pool = None
+    celery_app.__dict__.pop("backend", None)
+    celery_app._local.__dict__.pop("backend", None)  # type: ignore[attr-defined]
 
 
 def test_redis_restart_loses_no_work_and_pages_keep_serving(

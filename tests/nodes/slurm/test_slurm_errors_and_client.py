@@ -95,6 +95,8 @@ class FakeRunner:
         self.calls.append(argv)
         words = [word for word in argv if word not in ("env", "SLURM_TIME_FORMAT=%s")]
         key = " ".join(words[:2]) if words[0] != "scontrol" else " ".join(words[:4])
+        if words[0] == "squeue" and "--noheader" in words:
+            key = "squeue --noheader"  # the filtered text form
         for prefix, (rc, out, err) in self.answers.items():
             if key.startswith(prefix):
                 if check and rc != 0:
@@ -114,6 +116,7 @@ def _answers(recorded: Any, sinfo: tuple[int, str, str] | None = None) -> dict[s
         ),
         "scontrol show topology": (0, recorded.text("scontrol_show_topology.txt"), ""),
         "squeue --all": (0, recorded.text("squeue.json"), ""),
+        "squeue --noheader": (0, recorded.text("squeue.txt"), ""),
         "sacct --allusers": (0, recorded.text("sacct_allocations.txt"), ""),
         "sbatch --parsable": (0, "4242\n", ""),
     }
