@@ -204,7 +204,11 @@ DRILL_SUBMIT_RETRIES = envint("GANTRY_DRILL_SUBMIT_RETRIES", 6, minimum=0, maxim
 
 # Caches. Login throttling counts failures in Redis, shared by every web worker.
 CACHES = {
-    "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+    # Per process: the metrics cache is keyed by what it caches, so workers need not share.
+    "default": {
+        "BACKEND": "django.core.cache.backends.locmem.LocMemCache",
+        "OPTIONS": {"MAX_ENTRIES": 2000},
+    },
     "ratelimit": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL},
 }
 LOGIN_MAX_FAILURES = envint("GANTRY_LOGIN_MAX_FAILURES", 5, minimum=1)

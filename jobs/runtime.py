@@ -92,10 +92,12 @@ def render_sbatch(spec: ScriptSpec) -> str:
         'MASTER_ADDR=$(scontrol show node "$first_node" | tr " " "\\n" '
         "| sed -n 's/^NodeAddr=//p' | head -n 1)",
         'export MASTER_ADDR="${MASTER_ADDR:-$first_node}"',
-        "export MASTER_PORT=$((15000 + SLURM_JOB_ID % 20000))",
+        "# 20000-29999: clear of well-known service ports and of the ephemeral range.",
+        "export MASTER_PORT=$((20000 + SLURM_JOB_ID % 10000))",
         'case "$MASTER_ADDR" in 127.*|localhost) export GLOO_SOCKET_IFNAME=lo ;; esac',
         'echo "gantry: job $SLURM_JOB_ID on $SLURM_JOB_NODELIST, master $MASTER_ADDR:$MASTER_PORT"',
-        f"srun --export=ALL {trainer_command}",
+        "# If one rank fails, end the others at once instead of leaving them waiting.",
+        f"srun --export=ALL --kill-on-bad-exit=1 {trainer_command}",
         "",
     ]
     return "\n".join(lines)

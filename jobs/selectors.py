@@ -64,6 +64,30 @@ def job_metrics(
     Over the limit, steps are grouped into equal buckets in SQL and each bucket becomes
     one point (mean of each series, the bucket's last step): constant cost per request.
     """
+    from django.core.cache import cache
+
+    # The answer only changes when new metrics arrive, which moves metrics_offset.
+    cache_key = f"job-metrics:{job.id}:{job.metrics_offset}:{step_min}:{step_max}:{max_points}"
+    cached = cache.get(cache_key)
+    if cached is not None:
+        cached = dict(cached)
+        # Read fresh: the events set these without new points.
+        cached.update(
+            optimal_loss=job.optimal_loss,
+            target_loss=job.target_loss,
+            target_reached_step=job.target_reached_step,
+        )
+        return cached  # type: ignore[no-any-return]
+    result = _job_metrics_uncached(
+        job=job, step_min=step_min, step_max=step_max, max_points=max_points
+    )
+    cache.set(cache_key, result, timeout=600)
+    return result
+
+
+def _job_metrics_uncached(
+    *, job: Job, step_min: int | None, step_max: int | None, max_points: int
+) -> dict[str, Any]:
     from django.db.models import Avg, Count, Max, Min
 
     from jobs.models import MetricPoint

@@ -696,9 +696,8 @@ def _final_values(slurm_job: SlurmJob) -> dict[str, Any]:
 def _apply_slurm_view(
     job: Job, slurm_job: SlurmJob, result: ReconcileResult, *, final_from_accounting: bool
 ) -> None:
-    now = timezone.now()
     new_state = gantry_state(slurm_job.state)
-    Job.objects.filter(id=job.id).update(last_seen_in_slurm_at=now)
+    # (last_seen_in_slurm_at is set for all seen jobs at once by the caller.)
     if new_state is None:
         return
     if new_state in Job.FINAL_STATES and not final_from_accounting:
@@ -778,7 +777,13 @@ def metrics_ingest(*, job: Job, data: bytes, start_offset: int) -> tuple[int, in
     if end < 0:
         return 0, start_offset
     complete = data[: end + 1]
-    points: dict[int, MetricPoint] = {}
+    from django.db import connection
+
+    # Rows in the database's own types, built straight from the lines: model objects and
+    # per-value field preparation cost more than the parsing itself.
+    job_key = MetricPoint._meta.get_field("job").get_db_prep_value(job.id, connection)
+    adapt_time = connection.ops.adapt_datetimefield_value
+    points: dict[int, tuple[Any, ...]] = {}
     events: list[dict[str, Any]] = []
     for raw in complete.splitlines():
         if not raw.strip():
@@ -798,23 +803,15 @@ def metrics_ingest(*, job: Job, data: bytes, start_offset: int) -> tuple[int, in
             wall = datetime.fromtimestamp(float(line["time"]), tz=UTC)
         except (KeyError, TypeError, ValueError):
             continue
-
-        def number(key: str, line: dict[str, Any] = line) -> float | None:
-            value = line.get(key)
-            return float(value) if isinstance(value, int | float) else None
-
-        points[step] = MetricPoint(
-            job_id=job.id,
-            step=step,
-            wall_time=wall,
-            elapsed_s=number("elapsed"),
-            loss=number("loss"),
-            samples_per_s=number("samples_per_s"),
-            tokens_per_s=number("tokens_per_s"),
-            step_time_s=number("step_time"),
-            data_time_s=number("data_time"),
-            checkpoint_blocking_s=number("checkpoint_blocking_time"),
-            world_size=int(line["world_size"]) if isinstance(line.get("world_size"), int) else None,
+        get = line.get
+        values = [get(key) for key in _METRIC_LINE_KEYS]
+        world_size = get("world_size")
+        points[step] = (
+            job_key,
+            step,
+            adapt_time(wall),
+            *(float(v) if isinstance(v, int | float) else None for v in values),
+            world_size if isinstance(world_size, int) else None,
         )
     new_offset = start_offset + len(complete)
     with transaction.atomic():
@@ -822,7 +819,8 @@ def metrics_ingest(*, job: Job, data: bytes, start_offset: int) -> tuple[int, in
         updates: dict[str, Any] = {"metrics_offset": new_offset}
         if points:
             updates["last_step"] = max(points)
-            newest = [points[step].samples_per_s for step in sorted(points)[-5:]]
+            # samples_per_s is the 6th column of a row.
+            newest = [points[step][5] for step in sorted(points)[-5:]]
             rates = [rate for rate in newest if rate is not None]
             if rates:
                 updates["throughput_now"] = sum(rates) / len(rates)
@@ -848,6 +846,16 @@ def metrics_ingest(*, job: Job, data: bytes, start_offset: int) -> tuple[int, in
     return len(points), new_offset
 
 
+# The trainer's keys for the float columns between wall_time and world_size, in order.
+_METRIC_LINE_KEYS = (
+    "elapsed",
+    "loss",
+    "samples_per_s",
+    "tokens_per_s",
+    "step_time",
+    "data_time",
+    "checkpoint_blocking_time",
+)
 _METRIC_COLUMNS = (
     "job_id",
     "step",
@@ -863,7 +871,7 @@ _METRIC_COLUMNS = (
 )
 
 
-def _metric_points_upsert(points: list[MetricPoint]) -> None:
+def _metric_points_upsert(rows: list[tuple[Any, ...]]) -> None:
     """Insert metric points, the last line for a step winning: one prepared statement run
     with executemany (the ORM's bulk_create spends most of its time building SQL)."""
     from django.db import connection
@@ -874,32 +882,23 @@ def _metric_points_upsert(points: list[MetricPoint]) -> None:
     updates = ", ".join(
         f"{quote(column)} = excluded.{quote(column)}" for column in _METRIC_COLUMNS[2:]
     )
-    marks = ", ".join(["%s"] * len(_METRIC_COLUMNS))
-    sql = (
-        f"INSERT INTO {quote(table)} ({columns}) VALUES ({marks}) "  # noqa: S608 - fixed names
-        f"ON CONFLICT ({quote('job_id')}, {quote('step')}) DO UPDATE SET {updates}"
-    )
-    wall_field = MetricPoint._meta.get_field("wall_time")
-    job_field = MetricPoint._meta.get_field("job")
-    rows = [
-        (
-            job_field.get_db_prep_value(point.job_id, connection),
-            point.step,
-            wall_field.get_db_prep_value(point.wall_time, connection),
-            point.elapsed_s,
-            point.loss,
-            point.samples_per_s,
-            point.tokens_per_s,
-            point.step_time_s,
-            point.data_time_s,
-            point.checkpoint_blocking_s,
-            point.world_size,
-        )
-        for point in points
-    ]
+    row_marks = "(" + ", ".join(["%s"] * len(_METRIC_COLUMNS)) + ")"
+    conflict = f"ON CONFLICT ({quote('job_id')}, {quote('step')}) DO UPDATE SET {updates}"
     with connection.cursor() as cursor:
-        for start in range(0, len(rows), 5000):
-            cursor.executemany(sql, rows[start : start + 5000])
+        if connection.vendor == "postgresql":
+            # One statement per 1000 rows: executemany would be a round trip per row.
+            for start in range(0, len(rows), 1000):
+                chunk = rows[start : start + 1000]
+                sql = (
+                    f"INSERT INTO {quote(table)} ({columns}) VALUES "  # noqa: S608 - fixed names
+                    + ", ".join([row_marks] * len(chunk))
+                    + f" {conflict}"
+                )
+                cursor.execute(sql, [value for row in chunk for value in row])
+        else:
+            sql = f"INSERT INTO {quote(table)} ({columns}) VALUES {row_marks} {conflict}"  # noqa: S608
+            for start in range(0, len(rows), 5000):
+                cursor.executemany(sql, rows[start : start + 5000])
 
 
 def _describe_trainer_event(event: dict[str, Any]) -> str:
@@ -1056,6 +1055,7 @@ def cluster_reconcile(*, cluster_id: int) -> ReconcileResult:
         if active or drills:
             ids = [job.slurm_job_id for job in active] + [drill.slurm_job_id for drill in drills]
             queue = client.jobs_in_queue(ids)
+            seen_ids = [job.id for job in active if job.slurm_job_id in queue]
             need_accounting = []
             for job in active:
                 seen = queue.get(job.slurm_job_id)
@@ -1080,20 +1080,21 @@ def cluster_reconcile(*, cluster_id: int) -> ReconcileResult:
                         continue
                     record = accounted.get(job.slurm_job_id)
                     if record is not None:
+                        seen_ids.append(job.id)
                         _apply_slurm_view(job, record, result, final_from_accounting=True)
-                    elif job.slurm_job_id in queue:
-                        # Final in squeue but not yet in sacct (it lags): next cycle.
-                        Job.objects.filter(id=job.id).update(last_seen_in_slurm_at=now)
-                    else:
+                    elif job.slurm_job_id not in queue:
                         _maybe_lost(job, result, now)
+                    # else: final in squeue but not yet in sacct (it lags): next cycle.
+            # One write for every job Slurm still knows, not one per job.
+            Job.objects.filter(id__in=seen_ids).update(last_seen_in_slurm_at=now)
             if drills:
                 result.state_changes += drills_reconcile_states(
                     drills=drills, queue=queue, accounted=accounted, transport=transport
                 )
             # Jobs that just ended get their files read in this same cycle.
             watch_ids = {job.id for job in watch_files}
+            # The in-memory state is the one this cycle applied (transitions update it).
             for job in active:
-                job.refresh_from_db()
                 if (
                     job.id not in watch_ids
                     and (job.state in (Job.State.RUNNING, Job.State.COMPLETING) or job.is_final)
@@ -1108,8 +1109,9 @@ def cluster_reconcile(*, cluster_id: int) -> ReconcileResult:
                 "job_id", "step"
             ):
                 known[job_id].add(f"step-{step:06d}")
+            fresh = Job.objects.select_related("cluster").in_bulk([job.id for job in watch_files])
             for job, directory in zip(watch_files, directories, strict=True):
-                job.refresh_from_db()
+                job = fresh.get(job.id, job)
                 files = scanned.get(directory, RunFiles())
                 _read_run_files(job, files, transport, result, known[job.id])
                 if job.is_final:

@@ -78,7 +78,7 @@ def detect() -> DistEnv:
             env.master_addr = os.environ.get("MASTER_ADDR") or _slurm_master_addr()
             port = _int_env("MASTER_PORT")
             if port is None:
-                port = 15000 + int(env.job_id or "0") % 20000
+                port = 20000 + int(env.job_id or "0") % 10000
             env.master_port = port
     elif os.environ.get("RANK") is not None and _int_env("WORLD_SIZE") is not None:
         env.source = "torchrun"

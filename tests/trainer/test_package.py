@@ -96,5 +96,5 @@ def test_slurm_master_fallback_uses_scontrol(monkeypatch, tmp_path):
     monkeypatch.setenv("SLURM_JOB_NODELIST", "node-[a-b]")
     e = dist.detect()
     assert e.master_addr == "172.20.0.11"
-    assert e.master_port == 15000 + 4242 % 20000
+    assert e.master_port == 20000 + 4242 % 10000
     assert e.job_id == "4242"
