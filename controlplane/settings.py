@@ -166,7 +166,14 @@ CELERY_TASK_SOFT_TIME_LIMIT = envint("GANTRY_TASK_SOFT_TIME_LIMIT", 240, minimum
 CELERY_TASK_TIME_LIMIT = envint("GANTRY_TASK_TIME_LIMIT", 300, minimum=15)
 # Above the longest task, so a late-acked task is not redelivered while still running.
 CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, object] = {
-    "visibility_timeout": CELERY_TASK_TIME_LIMIT * 3
+    "visibility_timeout": CELERY_TASK_TIME_LIMIT * 3,
+    # Publishing (a web request enqueueing work) gives up fast when Redis is down: the
+    # watcher re-enqueues queued work once it is back. The worker's own reconnect loop
+    # is separate and keeps trying.
+    "max_retries": 1,
+    "interval_start": 0,
+    "interval_step": 0.2,
+    "interval_max": 0.5,
 }
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # A web request that enqueues while Redis is down must not hang: give up fast; the watcher
