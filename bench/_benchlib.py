@@ -156,8 +156,9 @@ def devcluster() -> Any:
 def register_devcluster(dc: Any, *, sync: bool = True) -> Any:
     """The dev cluster registered in the bench database (as the tests' fixture does)."""
     from nodes.models import Cluster
-    from nodes.services import cluster_register, cluster_sync
+    from nodes.registration import cluster_register
     from nodes.slurm.transport import close_all
+    from nodes.sync import cluster_sync
 
     existing = Cluster.objects.filter(name="devcluster").first()
     if existing is not None:

@@ -10,7 +10,7 @@ var/bench/drill.sqlite3) with the dev cluster registered. One training job (pres
 steps, far over a minute, so ``--preset small`` is offered but not the default; 1 node,
 1 task; 30 steps, a checkpoint every 10) runs to completion; then N drills of its step-10
 checkpoint (5 steps each, the default) run one after the other, each started by
-``jobs.drills.restore_drill_start`` as a click would.
+``drills.services.restore_drill_start`` as a click would.
 
 Per drill: click -> verdict (seen in the database by polling every 50 ms; also
 created_at -> finished_at) and its breakdown: queue wait (Slurm submit -> start,
@@ -99,7 +99,7 @@ def main() -> int:
     from rest_framework.test import APIClient
 
     from celery_support import flush_test_broker, start_beat, start_worker
-    from jobs.drills import restore_drill_start
+    from drills.services import restore_drill_start
     from jobs.models import Job
 
     dc = lib.devcluster()

@@ -4,7 +4,7 @@
         [--quick] [--points 300000] [--cycles 10] [--keep]
 
 Part 1 (no cluster): trainer-format metrics.jsonl bytes (the real line shape, ~330 bytes a
-line) go through ``jobs.services.metrics_ingest`` exactly as the watcher calls it, in 8 MiB
+line) go through ``jobs.ingest.metrics_ingest`` exactly as the watcher calls it, in 8 MiB
 chunks (the watcher's read size) and in 25-line chunks (a live job between two cycles),
 into a bench SQLite file (var/bench/metrics.sqlite3) and a PostgreSQL database
 (gantry_bench_metrics), each in a child process. Prints points/s (goal >= 50k/s) and the
@@ -71,8 +71,8 @@ def ingest_child(args: argparse.Namespace) -> dict[str, object]:
     lib.django_setup(url)
     from django.db import connection
 
+    from jobs.ingest import metrics_ingest
     from jobs.models import Job, MetricPoint
-    from jobs.services import metrics_ingest
 
     seeded = lib.seed(
         jobs=2, metric_jobs=0, points_per_job=0, users=1, clusters=1, say=lambda s: None
@@ -135,9 +135,9 @@ def bytes_child(args: argparse.Namespace) -> dict[str, object]:
 
     from jobs.models import Job, MetricPoint
     from jobs.runtime import run_dir
-    from jobs.services import cluster_reconcile
     from nodes.cluster_access import slurm_client_for, transport_for
     from nodes.slurm.transport import close_all
+    from watcher.cycle import cluster_reconcile
 
     dc = lib.devcluster()
     cluster = lib.register_devcluster(dc)
@@ -282,7 +282,7 @@ def main() -> int:
     ingest = {db: run_child("--child", "ingest", "--db", db) for db in ("sqlite", "postgres")}
     print(
         f"\n# metrics ingest: {args.points} trainer-format lines through "
-        "jobs.services.metrics_ingest (parse + conditional offset update + bulk upsert)"
+        "jobs.ingest.metrics_ingest (parse + conditional offset update + bulk upsert)"
     )
     rows = []
     for label in ("8 MiB chunks (catch-up)", "25-line chunks (live)"):

@@ -7,7 +7,7 @@ Submits max(sizes) real Slurm jobs held in the queue (``sbatch --hold``: they st
 and use no resources) as the cluster user over Gantry's own SSH transport, creates one Job
 row per Slurm job in a bench database (SQLite var/bench/reconcile.sqlite3 or PostgreSQL
 gantry_bench_reconcile) with the dev cluster registered, and for each size makes exactly
-that many of them active and runs ``jobs.services.cluster_reconcile`` cycles. Prints per
+that many of them active and runs ``watcher.cycle.cluster_reconcile`` cycles. Prints per
 size: remote commands per cycle (ReconcileResult.commands, the transport's commands_run
 delta; goal: constant, <= 3), SQL queries per cycle, and cycle wall time median / p95.
 Cancels every Slurm job it submitted (by id) at the end, whatever happens.
@@ -51,9 +51,9 @@ def main() -> int:
     from django.utils import timezone
 
     from jobs.models import Job
-    from jobs.services import cluster_reconcile
     from nodes.cluster_access import transport_for
     from nodes.slurm.transport import close_all
+    from watcher.cycle import cluster_reconcile
 
     dc = lib.devcluster()
     dc.wait_quiet()

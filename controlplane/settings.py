@@ -10,6 +10,7 @@ from pathlib import Path
 
 from django.core.exceptions import ImproperlyConfigured
 
+from controlplane import tasknames
 from controlplane.env import (
     database_from_url,
     envbool,
@@ -62,9 +63,13 @@ INSTALLED_APPS = [
     "django_filters",
     "drf_spectacular",
     "drf_spectacular_sidecar",
+    # Gantry's apps, lowest layer first (import-linter checks the order).
+    "core",
     "controlplane",
     "nodes",
     "jobs",
+    "drills",
+    "watcher",
     "studies",
 ]
 
@@ -75,7 +80,7 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
-    "controlplane.access.RoleRequiredMiddleware",
+    "core.access.RoleRequiredMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
@@ -92,7 +97,7 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
-                "controlplane.context_processors.gantry",
+                "core.context_processors.gantry",
             ],
         },
     },
@@ -187,14 +192,14 @@ CELERY_TASK_PUBLISH_RETRY_POLICY = {
 CELERY_BROKER_CONNECTION_TIMEOUT = 2
 CELERY_TASK_ALWAYS_EAGER = False
 CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
-    "clusters-sync-due": {"task": "nodes.clusters_sync_due", "schedule": 2.0},
-    "clusters-reconcile-due": {"task": "jobs.clusters_reconcile_due", "schedule": 1.0},
+    "clusters-sync-due": {"task": tasknames.CLUSTERS_SYNC_DUE, "schedule": 2.0},
+    "clusters-reconcile-due": {"task": tasknames.CLUSTERS_RECONCILE_DUE, "schedule": 1.0},
     "drill-policies": {
-        "task": "jobs.drill_policies_apply",
+        "task": tasknames.DRILL_POLICIES_APPLY,
         "schedule": float(envint("GANTRY_DRILL_POLICY_INTERVAL", 30, minimum=1)),
     },
     # Scaling studies: submit a study's next point once its previous one ended.
-    "studies-advance": {"task": "studies.advance_all", "schedule": 2.0},
+    "studies-advance": {"task": tasknames.STUDIES_ADVANCE, "schedule": 2.0},
 }
 
 # Cluster access. Private keys and known_hosts files live here, 0600, never in the database.
@@ -226,14 +231,14 @@ TOKEN_MAX_FAILURES = envint("GANTRY_TOKEN_MAX_FAILURES", 30, minimum=1)
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
         # Token first: an unauthenticated call then gets 401 with WWW-Authenticate.
-        "controlplane.ratelimit.ThrottledTokenAuthentication",
+        "core.ratelimit.ThrottledTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
-    "DEFAULT_PAGINATION_CLASS": "controlplane.api.CursorPagination",
+    "DEFAULT_PAGINATION_CLASS": "core.api.CursorPagination",
     "PAGE_SIZE": 50,
-    "DEFAULT_SCHEMA_CLASS": "controlplane.schema.AutoSchema",
-    "EXCEPTION_HANDLER": "controlplane.errors.api_exception_handler",
+    "DEFAULT_SCHEMA_CLASS": "core.schema.AutoSchema",
+    "EXCEPTION_HANDLER": "core.errors.api_exception_handler",
     "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
     "DEFAULT_THROTTLE_RATES": {"login": "10/min"},
 }
@@ -253,9 +258,9 @@ SPECTACULAR_SETTINGS = {
         "JobStateEnum": "jobs.models.Job.State",
         "NodeStateEnum": "nodes.models.Node.State",
         "GpuStateEnum": "nodes.models.Gpu.State",
-        "DrillStateEnum": "jobs.models.RestoreDrill.State",
-        "DrillVerdictEnum": "jobs.models.RestoreDrill.Verdict",
-        "DrillTriggerEnum": "jobs.models.RestoreDrill.Trigger",
+        "DrillStateEnum": "drills.models.RestoreDrill.State",
+        "DrillVerdictEnum": "drills.models.RestoreDrill.Verdict",
+        "DrillTriggerEnum": "drills.models.RestoreDrill.Trigger",
         "CheckpointIntegrityEnum": "jobs.models.Checkpoint.Integrity",
         "SyncStatusEnum": "nodes.models.Cluster.SyncStatus",
     },

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db.models import Q
 from django.urls import reverse
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import generics, serializers, status
@@ -12,19 +11,16 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from controlplane.api import CursorPagination
-from controlplane.errors import FieldError
-from controlplane.permissions import IsResearcherOrOperator
-from controlplane.roles import is_operator
+from core.api import CursorPagination
+from core.errors import FieldError
+from core.permissions import IsResearcherOrOperator
 from jobs.models import Checkpoint, Job, JobEvent
-from jobs.selectors import job_get_for_user, job_list_for_user, job_metrics, job_throughput_now
-from jobs.services import JobRequest, job_cancel, job_log_tail, job_preview, job_resume, job_submit
+from jobs.placement import job_request_with_advice, placement_advice_for_request
+from jobs.selectors import job_get_for_user, job_list, job_metrics
+from jobs.services import job_cancel, job_log_tail, job_preview, job_resume, job_submit
+from jobs.validation import JobRequest
 from nodes.models import Cluster
-from nodes.placement_service import (
-    job_request_with_advice,
-    placement_advice_for_request,
-    placement_as_dict,
-)
+from nodes.placement_service import placement_as_dict
 from trainer.config import DEFAULTS, PRESETS
 
 
@@ -100,13 +96,12 @@ class JobSerializer(serializers.ModelSerializer):
 
 class JobDetailSerializer(JobSerializer):
     acceptance = serializers.JSONField(read_only=True)
-    throughput_samples_per_s = serializers.SerializerMethodField()
+    throughput_samples_per_s = serializers.FloatField(
+        source="throughput_now", read_only=True, allow_null=True
+    )
 
     class Meta(JobSerializer.Meta):
         fields = [*JobSerializer.Meta.fields, "acceptance", "throughput_samples_per_s"]
-
-    def get_throughput_samples_per_s(self, job: Job) -> float | None:
-        return job_throughput_now(job=job)
 
 
 class JobInputSerializer(serializers.Serializer):
@@ -264,20 +259,13 @@ class JobListApi(generics.ListAPIView):
 
     def get_queryset(self):  # type: ignore[no-untyped-def]
         params = self.request.query_params
-        jobs = job_list_for_user(user=self.request.user).select_related("resume_from")
-        state = params.get("state")
-        if state:
-            if state not in {value for value, _ in Job.State.choices}:
-                raise serializers.ValidationError({"state": [f"unknown job state {state!r}"]})
-            jobs = jobs.filter(state=state)
-        if params.get("owner"):
-            jobs = jobs.filter(owner__username=params["owner"])
-        if params.get("cluster"):
-            jobs = jobs.filter(cluster__name=params["cluster"])
-        if params.get("search"):
-            term = params["search"]
-            jobs = jobs.filter(Q(name__icontains=term) | Q(slurm_job_id=term))
-        return jobs
+        return job_list(
+            user=self.request.user,
+            state=params.get("state"),
+            owner=params.get("owner"),
+            cluster=params.get("cluster"),
+            search=params.get("search"),
+        )
 
 
 class JobDetailApi(APIView):
@@ -431,7 +419,3 @@ class TrainerPresetsApi(APIView):
     @extend_schema(responses=dict)
     def get(self, request: Request) -> Response:
         return Response({"presets": PRESETS, "defaults": DEFAULTS})
-
-
-def can_act_on(user: Any, job: Job) -> bool:
-    return is_operator(user) or job.owner_id == getattr(user, "pk", None)

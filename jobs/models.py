@@ -1,8 +1,13 @@
-"""Training jobs and what they produce: metrics, checkpoints, and restore drills."""
+"""Training jobs and what they produce: metrics and checkpoints.
+
+``SlurmTracked`` holds the fields of anything Gantry runs as one Slurm job (jobs here,
+restore drills in the drills app); ``jobs.lifecycle`` moves them, once for both.
+"""
 
 from __future__ import annotations
 
 import uuid
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.core.validators import MaxValueValidator, MinValueValidator
@@ -12,7 +17,39 @@ from django.db.models import Q
 from nodes.models import Cluster
 
 
-class Job(models.Model):
+class SlurmTracked(models.Model):
+    """What Gantry tracks of an object it runs as one Slurm job (jobs, restore drills).
+
+    Each concrete model adds its own ``state`` field; ``jobs.lifecycle`` reads and moves
+    these fields with conditional updates, the same way for every kind.
+    """
+
+    slurm_job_id = models.CharField(max_length=32, blank=True, db_index=True)
+    exit_code = models.IntegerField(null=True, blank=True)
+    submit_attempts = models.PositiveSmallIntegerField(default=0)
+    # While a submit task holds the object, no other may start submitting it.
+    submit_lease_until = models.DateTimeField(null=True, blank=True)
+    last_seen_in_slurm_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    submitted_at = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    if TYPE_CHECKING:
+        # Each concrete model declares these itself (its own id type, state choices and
+        # relation names); the lifecycle relies on them.
+        id: Any
+        state: str
+        cluster: Any
+        cluster_id: int
+        FINAL_STATES: frozenset[str]
+        SLURM_ACTIVE_STATES: frozenset[str]
+
+    class Meta:
+        abstract = True
+
+
+class Job(SlurmTracked):
     class State(models.TextChoices):
         DRAFT = "draft"
         QUEUED = "queued", "queued in Gantry"
@@ -69,12 +106,7 @@ class Job(models.Model):
 
     state = models.CharField(max_length=16, choices=State.choices, default=State.QUEUED)
     state_reason = models.CharField(max_length=512, blank=True)
-    slurm_job_id = models.CharField(max_length=32, blank=True, db_index=True)
     allocated_nodes = models.CharField(max_length=1024, blank=True)
-    exit_code = models.IntegerField(null=True, blank=True)
-    submit_attempts = models.PositiveSmallIntegerField(default=0)
-    # While a submit task holds the job, no other may start submitting it.
-    submit_lease_until = models.DateTimeField(null=True, blank=True)
 
     parent = models.ForeignKey(
         "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="children"
@@ -97,12 +129,7 @@ class Job(models.Model):
     # Set once the run directory was read after the job ended: nothing more will appear.
     files_final = models.BooleanField(default=False)
 
-    created_at = models.DateTimeField(auto_now_add=True)
-    submitted_at = models.DateTimeField(null=True, blank=True)
-    started_at = models.DateTimeField(null=True, blank=True)
     ended_at = models.DateTimeField(null=True, blank=True)
-    last_seen_in_slurm_at = models.DateTimeField(null=True, blank=True)
-    updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
         ordering = ["-created_at"]
@@ -122,11 +149,6 @@ class Job(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} ({str(self.id)[:8]})"
-
-    @property
-    def slurm_tag(self) -> str:
-        """Every sbatch carries this, so a redelivered submit finds the job it made."""
-        return f"gantry-{self.id}"
 
     @property
     def is_final(self) -> bool:
@@ -236,133 +258,3 @@ class Checkpoint(models.Model):
 
     def __str__(self) -> str:
         return f"{self.job.name} step {self.step}"
-
-
-class RestoreDrill(models.Model):
-    """A restore exercise: load a checkpoint on an allocation, run K steps, compare."""
-
-    class State(models.TextChoices):
-        QUEUED = "queued"
-        SUBMITTING = "submitting"
-        PENDING = "pending"
-        RUNNING = "running"
-        FINISHED = "finished"
-        CANCELLED = "cancelled"
-
-    class Verdict(models.TextChoices):
-        PASSED = "passed"
-        FAILED = "failed"
-        ERROR = "error", "error (the drill could not run; not a verdict on the checkpoint)"
-
-    class Trigger(models.TextChoices):
-        MANUAL = "manual"
-        POLICY_RUNNING = "policy_running", "policy: newest checkpoint of a running job"
-        POLICY_FINAL = "policy_final", "policy: final checkpoint of a completed job"
-
-    ACTIVE_STATES = frozenset({State.QUEUED, State.SUBMITTING, State.PENDING, State.RUNNING})
-    SLURM_ACTIVE_STATES = frozenset({State.PENDING, State.RUNNING})
-
-    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    checkpoint = models.ForeignKey(Checkpoint, on_delete=models.CASCADE, related_name="drills")
-    requested_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL,
-        null=True,
-        blank=True,
-        on_delete=models.SET_NULL,
-        related_name="restore_drills",
-    )
-    steps = models.PositiveIntegerField(default=5, validators=[MinValueValidator(1)])
-    allocation = models.JSONField(
-        default=dict, help_text="nodes, gpus_per_node, tasks_per_node, partition"
-    )
-    allocation_key = models.CharField(
-        max_length=255, help_text="Canonical form of the allocation, for duplicate checks."
-    )
-    state = models.CharField(max_length=16, choices=State.choices, default=State.QUEUED)
-    verdict = models.CharField(max_length=16, choices=Verdict.choices, blank=True)
-    reason = models.TextField(blank=True)
-    reason_code = models.CharField(max_length=64, blank=True)
-    evidence = models.JSONField(null=True, blank=True)
-    slurm_job_id = models.CharField(max_length=32, blank=True)
-    trigger = models.CharField(max_length=16, choices=Trigger.choices, default=Trigger.MANUAL)
-    cluster = models.ForeignKey(
-        Cluster, on_delete=models.CASCADE, related_name="restore_drills", null=True
-    )
-    submit_attempts = models.PositiveSmallIntegerField(default=0)
-    submit_lease_until = models.DateTimeField(null=True, blank=True)
-    last_seen_in_slurm_at = models.DateTimeField(null=True, blank=True)
-    exit_code = models.IntegerField(null=True, blank=True)
-
-    integrity_s = models.FloatField(null=True, blank=True)
-    load_s = models.FloatField(null=True, blank=True)
-    steps_s = models.FloatField(null=True, blank=True)
-    queue_wait_s = models.FloatField(null=True, blank=True)
-
-    created_at = models.DateTimeField(auto_now_add=True)
-    submitted_at = models.DateTimeField(null=True, blank=True)
-    started_at = models.DateTimeField(null=True, blank=True)
-    finished_at = models.DateTimeField(null=True, blank=True)
-    updated_at = models.DateTimeField(auto_now=True)
-
-    class Meta:
-        ordering = ["-created_at"]
-        constraints = [
-            # One drill at a time per checkpoint and allocation: a second one is refused.
-            models.UniqueConstraint(
-                fields=["checkpoint", "allocation_key"],
-                condition=Q(state__in=["queued", "submitting", "pending", "running"]),
-                name="drill_one_active_per_checkpoint_allocation",
-            ),
-            models.CheckConstraint(
-                name="drill_verdict_only_when_finished",
-                condition=Q(verdict="") | Q(state__in=["finished", "cancelled"]),
-            ),
-        ]
-        indexes = [
-            models.Index(fields=["cluster", "state"], name="drill_cluster_state"),
-            models.Index(fields=["state", "-created_at"], name="drill_state_created"),
-            models.Index(fields=["verdict", "-finished_at"], name="drill_verdict_finished"),
-        ]
-
-    def __str__(self) -> str:
-        return f"drill {str(self.id)[:8]} of {self.checkpoint}"
-
-    @property
-    def slurm_tag(self) -> str:
-        return f"gantry-drill-{self.id}"
-
-    @property
-    def is_active(self) -> bool:
-        return self.state in self.ACTIVE_STATES
-
-
-class DrillPolicy(models.Model):
-    """Per cluster, set by operators: which restore drills Gantry starts by itself."""
-
-    cluster = models.OneToOneField(Cluster, on_delete=models.CASCADE, related_name="drill_policy")
-    enabled = models.BooleanField(default=False)
-    running_every_hours = models.FloatField(
-        null=True,
-        blank=True,
-        validators=[MinValueValidator(0.01)],
-        help_text="Drill the newest checkpoint of every running job this often; empty: never.",
-    )
-    drill_final_checkpoint = models.BooleanField(
-        default=False, help_text="Drill each job's final checkpoint when it completes."
-    )
-    max_in_flight = models.PositiveSmallIntegerField(
-        default=2, validators=[MinValueValidator(1)], help_text="At most this many drills at once."
-    )
-    steps = models.PositiveIntegerField(default=5, validators=[MinValueValidator(1)])
-    updated_at = models.DateTimeField(auto_now=True)
-    updated_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
-    )
-    # Completed jobs that ended before the policy was switched on are not drilled after the fact.
-    final_since = models.DateTimeField(null=True, blank=True)
-
-    class Meta:
-        verbose_name_plural = "drill policies"
-
-    def __str__(self) -> str:
-        return f"drill policy of {self.cluster}"

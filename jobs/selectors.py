@@ -1,14 +1,18 @@
+"""Reads for jobs: who may see which job, the job list, metric series, checkpoints."""
+
 from __future__ import annotations
 
 from typing import Any
 from uuid import UUID
 
+from django.core.cache import cache
 from django.core.exceptions import ValidationError
-from django.db.models import QuerySet
+from django.db.models import Avg, Count, ExpressionWrapper, F, IntegerField, Max, Min, Q, QuerySet
 from django.http import Http404
 
-from controlplane.roles import is_operator
-from jobs.models import Checkpoint, Job, RestoreDrill
+from core.errors import FieldError
+from core.roles import is_operator
+from jobs.models import Checkpoint, Job, MetricPoint
 
 
 def job_list_for_user(*, user: Any) -> QuerySet[Job]:
@@ -21,6 +25,37 @@ def job_list_for_user(*, user: Any) -> QuerySet[Job]:
     return jobs.filter(owner=user)
 
 
+def job_list(
+    *,
+    user: Any,
+    state: str | None = None,
+    owner: str | None = None,
+    cluster: str | None = None,
+    search: str | None = None,
+    mine: bool = False,
+) -> QuerySet[Job]:
+    """The one job list behind the jobs page and the API: what ``user`` may see, filtered.
+
+    ``state`` must be a job state (FieldError otherwise); ``owner`` a user name; ``cluster``
+    a cluster name; ``search`` matches the name (contains) or the Slurm job id (exact);
+    ``mine`` keeps the user's own jobs.
+    """
+    jobs = job_list_for_user(user=user).select_related("parent", "resume_from")
+    if state:
+        if state not in Job.State.values:
+            raise FieldError("state", f"unknown job state {state!r}")
+        jobs = jobs.filter(state=state)
+    if owner:
+        jobs = jobs.filter(owner__username=owner)
+    if mine:
+        jobs = jobs.filter(owner_id=getattr(user, "pk", None))
+    if cluster:
+        jobs = jobs.filter(cluster__name=cluster)
+    if search:
+        jobs = jobs.filter(Q(name__icontains=search) | Q(slurm_job_id=search))
+    return jobs
+
+
 def job_get_for_user(*, user: Any, job_id: UUID | str) -> Job:
     """The one access check for a job, used by pages, API and tasks alike.
 
@@ -30,15 +65,6 @@ def job_get_for_user(*, user: Any, job_id: UUID | str) -> Job:
         return job_list_for_user(user=user).get(id=job_id)
     except (Job.DoesNotExist, ValueError, TypeError, ValidationError):
         raise Http404("No such job.") from None
-
-
-def restore_drill_list_for_user(*, user: Any) -> QuerySet[RestoreDrill]:
-    drills = RestoreDrill.objects.select_related("checkpoint", "checkpoint__job")
-    if is_operator(user):
-        return drills
-    if not getattr(user, "is_authenticated", False):
-        return drills.none()
-    return drills.filter(checkpoint__job__owner=user)
 
 
 METRIC_SERIES = (
@@ -64,8 +90,6 @@ def job_metrics(
     Over the limit, steps are grouped into equal buckets in SQL and each bucket becomes
     one point (mean of each series, the bucket's last step): constant cost per request.
     """
-    from django.core.cache import cache
-
     # The answer only changes when new metrics arrive, which moves metrics_offset.
     cache_key = f"job-metrics:{job.id}:{job.metrics_offset}:{step_min}:{step_max}:{max_points}"
     cached = cache.get(cache_key)
@@ -88,10 +112,6 @@ def job_metrics(
 def _job_metrics_uncached(
     *, job: Job, step_min: int | None, step_max: int | None, max_points: int
 ) -> dict[str, Any]:
-    from django.db.models import Avg, Count, Max, Min
-
-    from jobs.models import MetricPoint
-
     points = MetricPoint.objects.filter(job=job)
     if step_min is not None:
         points = points.filter(step__gte=step_min)
@@ -108,8 +128,6 @@ def _job_metrics_uncached(
     else:
         lo, hi = bounds["lo"], bounds["hi"]
         span = hi - lo + 1
-        from django.db.models import ExpressionWrapper, F, IntegerField
-
         bucket = ExpressionWrapper(
             (F("step") - lo) * max_points / span, output_field=IntegerField()
         )
@@ -133,64 +151,12 @@ def _job_metrics_uncached(
     }
 
 
-def job_throughput_now(*, job: Job) -> float | None:
-    """Current samples/s: the mean of the newest logged steps, kept on the job by the
-    watcher (``None`` before the first metrics)."""
-    return job.throughput_now
-
-
 def checkpoint_get_for_user(*, user: Any, checkpoint_id: int) -> Checkpoint:
     """A checkpoint of a job the user may see; 404 otherwise (no existence leak)."""
-    checkpoints = Checkpoint.objects.select_related("job", "job__cluster", "job__owner")
-    if not is_operator(user):
-        if not getattr(user, "is_authenticated", False):
-            raise Http404("No such checkpoint.")
-        checkpoints = checkpoints.filter(job__owner=user)
+    checkpoints = Checkpoint.objects.select_related("job", "job__cluster", "job__owner").filter(
+        job__in=job_list_for_user(user=user)
+    )
     try:
         return checkpoints.get(pk=checkpoint_id)
     except (Checkpoint.DoesNotExist, ValueError, TypeError):
         raise Http404("No such checkpoint.") from None
-
-
-def drill_fleet_health(*, user: Any) -> dict[str, Any]:
-    """Share of running jobs whose newest checkpoint is proven, recent failures,
-    the time-to-restore distribution and drills in flight."""
-    from django.db.models import OuterRef, Subquery
-
-    newest_proven = Subquery(
-        Checkpoint.objects.filter(job=OuterRef("pk")).order_by("-step").values("last_proven_at")[:1]
-    )
-    running_jobs = job_list_for_user(user=user).filter(state=Job.State.RUNNING)
-    running = running_jobs.count()
-    proven = (
-        running_jobs.annotate(newest_proven=newest_proven)
-        .filter(newest_proven__isnull=False)
-        .count()
-    )
-    drills = restore_drill_list_for_user(user=user)
-    failures = list(
-        drills.filter(verdict=RestoreDrill.Verdict.FAILED).order_by("-finished_at")[:10]
-    )
-    errors = list(drills.filter(verdict=RestoreDrill.Verdict.ERROR).order_by("-finished_at")[:5])
-    load_times = list(
-        drills.filter(verdict=RestoreDrill.Verdict.PASSED, load_s__isnull=False)
-        .order_by("-finished_at")
-        .values_list("load_s", flat=True)[:500]
-    )
-    in_flight = list(drills.filter(state__in=RestoreDrill.ACTIVE_STATES).order_by("created_at"))
-    proven_checkpoints = Checkpoint.objects.filter(
-        last_proven_at__isnull=False, job__in=job_list_for_user(user=user)
-    ).count()
-    return {
-        "running_jobs": running,
-        "running_jobs_proven": proven,
-        "proven_share": (proven / running) if running else None,
-        "recent_failures": failures,
-        "recent_errors": errors,
-        "load_times": sorted(load_times),
-        "in_flight": in_flight,
-        "proven_checkpoints": proven_checkpoints,
-        "passed": drills.filter(verdict=RestoreDrill.Verdict.PASSED).count(),
-        "failed": drills.filter(verdict=RestoreDrill.Verdict.FAILED).count(),
-        "errored": drills.filter(verdict=RestoreDrill.Verdict.ERROR).count(),
-    }

@@ -12,46 +12,49 @@ from django.shortcuts import render
 from django.urls import reverse
 from django.views.decorators.http import require_POST
 
-from controlplane.errors import ApplicationError, FieldError
-from controlplane.roles import is_operator, is_researcher
+from core.access import can_act
+from core.errors import ApplicationError, FieldError
+from core.roles import is_operator, is_researcher
 from jobs.forms import JobForm
 from jobs.models import Checkpoint, Job
-from jobs.selectors import (
-    job_get_for_user,
-    job_list_for_user,
-    job_throughput_now,
-)
-from jobs.services import JobRequest, job_cancel, job_preview, job_resume, job_script, job_submit
-from nodes.models import Node
-from nodes.placement_service import (
+from jobs.placement import (
     job_placement_check,
     job_request_with_advice,
     placement_advice_for_request,
 )
+from jobs.script import job_script
+from jobs.selectors import job_get_for_user, job_list
+from jobs.services import job_cancel, job_preview, job_resume, job_submit
+from jobs.validation import JobRequest
+from nodes.models import Node
 
 
 @login_required
 def job_list_page(request: HttpRequest) -> HttpResponse:
-    jobs = job_list_for_user(user=request.user).select_related("parent", "resume_from")
     state = request.GET.get("state") or ""
     owner = request.GET.get("owner") or ""
     search = (request.GET.get("q") or "").strip()
     sees_all = is_operator(request.user)
     mine = request.GET.get("mine", "1" if not sees_all else "0") == "1"
-    if state:
-        jobs = jobs.filter(state=state)
-    if owner and sees_all:
-        jobs = jobs.filter(owner__username=owner)
-    if mine:
-        jobs = jobs.filter(owner_id=request.user.pk)
-    if search:
-        jobs = jobs.filter(name__icontains=search)
-    page = list(jobs.order_by("-created_at")[:100])
+    error = ""
+    try:
+        jobs = list(
+            job_list(
+                user=request.user,
+                state=state or None,
+                owner=(owner or None) if sees_all else None,
+                search=search or None,
+                mine=mine,
+            ).order_by("-created_at")[:100]
+        )
+    except FieldError as refused:
+        jobs, error = [], refused.message
     return render(
         request,
         "jobs/job_list.html",
         {
-            "jobs": page,
+            "jobs": jobs,
+            "error": error,
             "states": Job.State.choices,
             "state": state,
             "owner": owner,
@@ -127,46 +130,41 @@ def _switches_spanned(job: Job) -> list[str]:
     return sorted(set(leaves))
 
 
+def _job_page_context(request: HttpRequest, job: Job, *, live_only: bool) -> dict[str, Any]:
+    """The one context of the job page; ``live_only`` is what its polled header needs."""
+    context: dict[str, Any] = {
+        "job": job,
+        "throughput": job.throughput_now,
+        "events": list(job.events.all()),
+        "checkpoints": list(job.checkpoints.order_by("-step")),
+        "can_act": can_act(request.user, owner_id=job.owner_id),
+        "switches": _switches_spanned(job),
+        "placement_check": job_placement_check(job),
+    }
+    if live_only:
+        return context
+    context.update(
+        children=list(job.children.order_by("-created_at")),
+        acceptance_json=(
+            json.dumps(job.acceptance, indent=2, sort_keys=True) if job.acceptance else ""
+        ),
+        config_json=json.dumps(job.config, indent=2, sort_keys=True),
+        script=job_script(job),
+    )
+    return context
+
+
 @login_required
 def job_detail_page(request: HttpRequest, job_id: uuid.UUID) -> HttpResponse:
     job = job_get_for_user(user=request.user, job_id=job_id)
-    checkpoints = list(job.checkpoints.order_by("-step"))
-    can_act = is_operator(request.user) or job.owner_id == request.user.pk
-    context: dict[str, Any] = {
-        "job": job,
-        "events": list(job.events.all()),
-        "checkpoints": checkpoints,
-        "children": list(job.children.order_by("-created_at")),
-        "can_act": can_act,
-        "switches": _switches_spanned(job),
-        "placement_check": job_placement_check(job),
-        "acceptance_json": json.dumps(job.acceptance, indent=2, sort_keys=True)
-        if job.acceptance
-        else "",
-        "config_json": json.dumps(job.config, indent=2, sort_keys=True),
-        "script": job_script(job),
-        "throughput": job_throughput_now(job=job),
-    }
-    return render(request, "jobs/job_detail.html", context)
+    return render(request, "jobs/job_detail.html", _job_page_context(request, job, live_only=False))
 
 
 @login_required
 def job_status_partial(request: HttpRequest, job_id: uuid.UUID) -> HttpResponse:
     """The live header of the job page, polled while the tab is visible."""
     job = job_get_for_user(user=request.user, job_id=job_id)
-    return render(
-        request,
-        "jobs/_job_status.html",
-        {
-            "job": job,
-            "throughput": job_throughput_now(job=job),
-            "events": list(job.events.all()),
-            "checkpoints": list(job.checkpoints.order_by("-step")),
-            "can_act": is_operator(request.user) or job.owner_id == request.user.pk,
-            "switches": _switches_spanned(job),
-            "placement_check": job_placement_check(job),
-        },
-    )
+    return render(request, "jobs/_job_status.html", _job_page_context(request, job, live_only=True))
 
 
 @login_required

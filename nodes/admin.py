@@ -8,10 +8,11 @@ from django.contrib.admin.helpers import ActionForm
 from django.db.models import Count, Q, QuerySet
 from django.http import HttpRequest
 
-from controlplane.admin_helpers import admin_changelist_link, admin_link
-from controlplane.errors import ApplicationError
+from core.admin_helpers import admin_changelist_link, admin_link
+from core.errors import ApplicationError
 from nodes.models import Cluster, Gpu, Link, Node, NodeEvent, Partition, Switch
-from nodes.services import cluster_register, cluster_sync_request, node_drain, node_resume
+from nodes.registration import cluster_register
+from nodes.services import cluster_sync_request, node_drain, node_resume
 
 # What Slurm owns: shown, never edited by hand (the next sync would undo it anyway).
 NODE_SLURM_FIELDS = (

@@ -14,17 +14,12 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from controlplane.api import CursorPagination
-from controlplane.permissions import IsOperator, IsResearcherOrOperator
+from core.api import CursorPagination
+from core.permissions import IsOperator, IsResearcherOrOperator
 from nodes.models import Cluster, Gpu, Node, Partition
+from nodes.registration import cluster_probe, cluster_register
 from nodes.selectors import cluster_list, node_list, switch_tree
-from nodes.services import (
-    cluster_probe,
-    cluster_register,
-    cluster_sync_request,
-    node_drain,
-    node_resume,
-)
+from nodes.services import cluster_sync_request, node_drain, node_resume
 
 _HOST_NAME = re.compile(
     r"(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"

@@ -10,13 +10,14 @@ from django.conf import settings
 from django.db.models import Q
 from django.utils import timezone
 
+from controlplane.tasknames import CLUSTER_SYNC, CLUSTERS_SYNC_DUE
 from nodes.models import Cluster
-from nodes.services import cluster_sync
+from nodes.sync import cluster_sync
 
 logger = logging.getLogger(__name__)
 
 
-@shared_task(name="nodes.cluster_sync", time_limit=120, soft_time_limit=100, acks_late=True)
+@shared_task(name=CLUSTER_SYNC, time_limit=120, soft_time_limit=100, acks_late=True)
 def cluster_sync_task(cluster_id: int) -> dict[str, object]:
     """Sync one cluster's inventory. Idempotent: a redelivery only repeats the comparison.
 
@@ -30,7 +31,7 @@ def cluster_sync_task(cluster_id: int) -> dict[str, object]:
     return {"ok": result.ok, "error": result.error, "state_changes": result.state_changes}
 
 
-@shared_task(name="nodes.clusters_sync_due", time_limit=30, soft_time_limit=20)
+@shared_task(name=CLUSTERS_SYNC_DUE, time_limit=30, soft_time_limit=20)
 def clusters_sync_due() -> int:
     """Beat: enqueue a sync for each cluster whose next sync time has come.
 

@@ -1,4 +1,12 @@
+"""Pages for the inventory: the node list and operator actions on nodes and clusters.
+
+The node page and the topology page show jobs too, so they live with the pages that
+combine apps (``controlplane.pages``).
+"""
+
 from __future__ import annotations
+
+from typing import Any
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
@@ -6,13 +14,13 @@ from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
+from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 
-from controlplane.errors import ApplicationError
-from controlplane.roles import is_operator
-from jobs.models import Job
+from core.errors import ApplicationError
+from core.roles import is_operator
 from nodes.models import Cluster, Node
-from nodes.selectors import cluster_list, node_list, switch_tree
+from nodes.selectors import cluster_list, node_list
 from nodes.services import cluster_sync_request, node_drain, node_resume
 
 
@@ -23,8 +31,7 @@ def _int_or_none(value: str | None) -> int | None:
         return None
 
 
-@login_required
-def node_list_page(request: HttpRequest) -> HttpResponse:
+def _node_list_context(request: HttpRequest) -> dict[str, Any]:
     cluster_id = _int_or_none(request.GET.get("cluster"))
     state = request.GET.get("state") or None
     partition = request.GET.get("partition") or None
@@ -40,49 +47,45 @@ def node_list_page(request: HttpRequest) -> HttpResponse:
         )[:1000]
     )
     gpu_types = sorted({gpu.gpu_type for node in nodes for gpu in node.gpus.all() if gpu.gpu_type})
-    return render(
-        request,
-        "nodes/node_list.html",
-        {
-            "nodes": nodes,
-            "filters": {
-                "cluster_id": cluster_id,
-                "state": state,
-                "partition": partition,
-                "gpu_type": gpu_type,
-                "search": search,
-            },
-            "clusters": cluster_list(),
-            "states": Node.State.choices,
-            "gpu_types": gpu_types,
-            "has_clusters": Cluster.objects.exists(),
-            "can_operate": is_operator(request.user),
+    query = request.GET.urlencode()
+    return {
+        "nodes": nodes,
+        "filters": {
+            "cluster_id": cluster_id,
+            "state": state,
+            "partition": partition,
+            "gpu_type": gpu_type,
+            "search": search,
         },
-    )
+        "clusters": cluster_list(),
+        "states": Node.State.choices,
+        "gpu_types": gpu_types,
+        "has_clusters": Cluster.objects.exists(),
+        "can_operate": is_operator(request.user),
+        # Where the drain/resume forms return to: the page, also when the table was polled.
+        "page_path": reverse("node-list") + (f"?{query}" if query else ""),
+    }
 
 
 @login_required
-def node_detail_page(request: HttpRequest, node_id: int) -> HttpResponse:
-    node = get_object_or_404(
-        Node.objects.select_related("cluster", "leaf_switch").prefetch_related("gpus"), id=node_id
-    )
-    running_here = [
-        job
-        for job in Job.objects.filter(
-            cluster=node.cluster, state__in=[Job.State.RUNNING, Job.State.COMPLETING]
-        ).select_related("owner")
-        if node.name in job.allocated_node_names
-    ]
-    return render(
-        request,
-        "nodes/node_detail.html",
-        {
-            "node": node,
-            "events": node.events.all()[:50],
-            "jobs": running_here,
-            "can_operate": is_operator(request.user),
-        },
-    )
+def node_list_page(request: HttpRequest) -> HttpResponse:
+    return render(request, "nodes/node_list.html", _node_list_context(request))
+
+
+@login_required
+def node_list_live_partial(request: HttpRequest) -> HttpResponse:
+    """The node table, polled while the tab is visible."""
+    return render(request, "nodes/_node_table.html", _node_list_context(request))
+
+
+def _back(request: HttpRequest, default: str) -> HttpResponseRedirect:
+    """Where an action returns to: the form's ``next`` when it is a page of this site."""
+    target = request.POST.get("next") or ""
+    if not url_has_allowed_host_and_scheme(
+        target, allowed_hosts={request.get_host()}, require_https=request.is_secure()
+    ):
+        target = default
+    return HttpResponseRedirect(target)
 
 
 @login_required
@@ -96,7 +99,7 @@ def node_drain_action(request: HttpRequest, node_id: int) -> HttpResponse:
         messages.success(request, f"{node.name} is {node.state} in Slurm.")
     except ApplicationError as error:
         messages.error(request, f"Could not drain {node.name}: {error.message}")
-    return HttpResponseRedirect(request.POST.get("next") or reverse("node-detail", args=[node.id]))
+    return _back(request, reverse("node-detail", args=[node.id]))
 
 
 @login_required
@@ -110,7 +113,7 @@ def node_resume_action(request: HttpRequest, node_id: int) -> HttpResponse:
         messages.success(request, f"{node.name} is {node.state} in Slurm.")
     except ApplicationError as error:
         messages.error(request, f"Could not resume {node.name}: {error.message}")
-    return HttpResponseRedirect(request.POST.get("next") or reverse("node-detail", args=[node.id]))
+    return _back(request, reverse("node-detail", args=[node.id]))
 
 
 @login_required
@@ -122,60 +125,3 @@ def cluster_sync_action(request: HttpRequest, cluster_id: int) -> HttpResponse:
     cluster_sync_request(actor=request.user, cluster=cluster)
     messages.success(request, f"A sync of {cluster.name} is on its way.")
     return HttpResponseRedirect(reverse("overview"))
-
-
-def _topology_highlight(request: HttpRequest) -> dict[str, object]:
-    """Nodes (and the switches they span) to highlight: ``?job=<id>`` for where a job runs,
-    ``?nodes=n[1-2]&cluster=<name>`` for a proposed placement."""
-    from jobs.selectors import job_get_for_user
-    from nodes.placement import placement_quality
-    from nodes.placement_service import placement_inputs
-    from nodes.slurm.hostlist import expand
-
-    cluster = None
-    names: list[str] = []
-    caption = ""
-    if request.GET.get("job"):
-        job = job_get_for_user(user=request.user, job_id=request.GET["job"])
-        cluster, names = job.cluster, job.allocated_node_names
-        caption = (
-            f"Job {job.name}: {job.allocated_nodes}"
-            if names
-            else f"Job {job.name} is not placed yet."
-        )
-    elif request.GET.get("nodes"):
-        try:
-            names = expand(request.GET["nodes"])
-        except ValueError:
-            names = []
-        name = request.GET.get("cluster")
-        found = Cluster.objects.filter(name=name).first() if name else None
-        cluster = found or Cluster.objects.filter(is_default=True).first()
-        caption = f"Proposed placement: {request.GET['nodes']}"
-    if cluster is None or not names:
-        return {"caption": caption, "cluster_id": None, "nodes": [], "switches": []}
-    infos, switches = placement_inputs(cluster)
-    check = placement_quality(names, infos, switches, None)
-    if check.switches_spanned:
-        caption += f" — spans {', '.join(check.switches_spanned)}"
-    return {
-        "caption": caption,
-        "cluster_id": cluster.pk,
-        "nodes": names,
-        "switches": list(check.switches_spanned),
-    }
-
-
-@login_required
-def topology_page(request: HttpRequest) -> HttpResponse:
-    highlight = _topology_highlight(request)
-    trees = []
-    for cluster in cluster_list():
-        roots = switch_tree(cluster=cluster)
-        unplaced = list(
-            Node.objects.filter(cluster=cluster, leaf_switch__isnull=True)
-            .exclude(state=Node.State.GONE)
-            .prefetch_related("gpus")
-        )
-        trees.append((cluster, roots, unplaced))
-    return render(request, "nodes/topology.html", {"trees": trees, "highlight": highlight})

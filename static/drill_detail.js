@@ -13,15 +13,10 @@
   if (!live) return;
   var status = document.getElementById("drill-status");
   if (status && status.dataset.final === "1") return;
-  function tick() {
-    fetch(live.dataset.statusUrl, {credentials: "same-origin"}).then(function (r) { return r.text(); }).then(function (html) {
-      var holder = document.createElement("div");
-      holder.innerHTML = html;
-      var fresh = holder.querySelector("#drill-status");
-      if (fresh && fresh.dataset.final === "1") { window.location.reload(); return; }
-      if (fresh) document.getElementById("drill-status").replaceWith(fresh);
-      setTimeout(tick, document.hidden ? 15000 : 2000);
-    }).catch(function () { setTimeout(tick, 5000); });
-  }
-  setTimeout(tick, 2000);
+  GantryPoll.every(function () {
+    return GantryPoll.swap(live.dataset.statusUrl, "drill-status").then(function (fresh) {
+      if (fresh && fresh.dataset.final === "1") { window.location.reload(); return false; }
+      return true;
+    });
+  }, {visible: 2000, hidden: 15000});
 })();

@@ -1,12 +1,12 @@
-/* The job page: refresh the live header and the charts while the job moves.
- * Polls every 3 s while the tab is visible, every 20 s when hidden; stops once the job
- * has ended and its run directory was read for the last time. */
+/* The job page: refresh the live header and the charts while the job moves (GantryPoll:
+ * every 3 s while the tab is visible, every 20 s when hidden); stops once the job has
+ * ended and its run directory was read for the last time. */
 (function () {
   "use strict";
   var root = document.getElementById("job-live");
   if (!root) return;
   var statusUrl = root.dataset.statusUrl, metricsUrl = root.dataset.metricsUrl, logsUrl = root.dataset.logsUrl;
-  var timer = null, lastCount = -1, stopped = false;
+  var lastCount = -1;
 
   function finalNow() {
     var status = document.getElementById("job-status");
@@ -35,13 +35,7 @@
   }
 
   function refreshStatus() {
-    return fetch(statusUrl, {credentials: "same-origin"}).then(function (r) { return r.text(); }).then(function (html) {
-      var holder = document.createElement("div");
-      holder.innerHTML = html;
-      var fresh = holder.querySelector("#job-status"), old = document.getElementById("job-status");
-      if (fresh && old) old.replaceWith(fresh);
-      updateEta();
-    });
+    return GantryPoll.swap(statusUrl, "job-status").then(updateEta);
   }
 
   var rate = null, lastStep = null, lastTime = null;
@@ -57,18 +51,12 @@
     if (rate && last < total) eta.textContent = "· about " + Math.max(1, Math.round((total - last) / rate)) + " s left";
   }
 
-  function schedule() {
-    if (stopped) return;
-    clearTimeout(timer);
-    timer = setTimeout(tick, document.hidden ? 20000 : 3000);
-  }
   function tick() {
-    Promise.all([refreshStatus(), refreshMetrics()]).catch(function () {}).then(function () {
-      if (finalNow()) { stopped = true; return refreshMetrics(); }
-      schedule();
+    return Promise.all([refreshStatus(), refreshMetrics()]).then(function () {
+      if (!finalNow()) return true;
+      return refreshMetrics().then(function () { return false; });
     });
   }
-  document.addEventListener("visibilitychange", function () { if (!document.hidden && !stopped) { clearTimeout(timer); tick(); } });
   window.addEventListener("resize", function () { lastCount = -1; refreshMetrics(); });
 
   var logsButton = document.getElementById("load-logs");
@@ -93,5 +81,5 @@
 
   refreshMetrics().catch(function () {});
   updateEta();
-  if (!finalNow()) schedule(); else stopped = true;
+  if (!finalNow()) GantryPoll.every(tick, {visible: 3000, hidden: 20000});
 })();

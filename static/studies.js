@@ -6,7 +6,7 @@
   var root = document.getElementById("study-live");
   if (!root) return;
   var statusUrl = root.dataset.statusUrl, reportUrl = root.dataset.reportUrl;
-  var timer = null, stopped = false, lastKey = null;
+  var lastKey = null;
 
   function done() {
     var status = document.getElementById("study-status");
@@ -44,27 +44,12 @@
     });
   }
 
-  function refreshStatus() {
-    return fetch(statusUrl, {credentials: "same-origin"}).then(function (r) { return r.text(); }).then(function (html) {
-      var holder = document.createElement("div");
-      holder.innerHTML = html;
-      var fresh = holder.querySelector("#study-status"), old = document.getElementById("study-status");
-      if (fresh && old) old.replaceWith(fresh);
-    });
-  }
-
-  function schedule() {
-    if (stopped) return;
-    clearTimeout(timer);
-    timer = setTimeout(tick, document.hidden ? 20000 : 3000);
-  }
   function tick() {
-    Promise.all([refreshStatus(), refreshReport()]).catch(function () {}).then(function () {
-      if (done()) { stopped = true; return refreshReport(); }
-      schedule();
+    return Promise.all([GantryPoll.swap(statusUrl, "study-status"), refreshReport()]).then(function () {
+      if (!done()) return true;
+      return refreshReport().then(function () { return false; });
     });
   }
-  document.addEventListener("visibilitychange", function () { if (!document.hidden && !stopped) { clearTimeout(timer); tick(); } });
   window.addEventListener("resize", function () { lastKey = null; refreshReport(); });
 
   // A standalone SVG: the drawn element with its namespace and the page's chart styles inlined.
@@ -97,5 +82,5 @@
   window.GantryStudy = {svgText: svgText};
 
   refreshReport().catch(function () {});
-  if (!done()) schedule(); else stopped = true;
+  if (!done()) GantryPoll.every(tick, {visible: 3000, hidden: 20000});
 })();

@@ -11,9 +11,9 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from controlplane.api import CursorPagination
-from controlplane.errors import FieldError
-from controlplane.permissions import IsResearcherOrOperator
+from core.api import CursorPagination
+from core.errors import FieldError
+from core.permissions import IsResearcherOrOperator
 from nodes.models import Cluster
 from studies.models import ScalingStudy
 from studies.selectors import study_get_for_user, study_list_for_user, study_report

@@ -30,7 +30,7 @@ from django.db.models import QuerySet
 from django.http import Http404
 from django.urls import reverse
 
-from controlplane.roles import is_operator
+from core.roles import is_operator
 from jobs.models import Job, MetricPoint
 from studies.models import ScalingStudy, StudyPoint
 

@@ -15,12 +15,14 @@ from typing import Any
 from django.core.exceptions import PermissionDenied
 from django.db import transaction
 
-from controlplane.audit import audit_event_record
-from controlplane.errors import ApplicationError, FieldError
-from controlplane.roles import is_researcher
-from jobs.services import JobRequest, job_request_validate, job_submit
+from core.audit import audit_event_record
+from core.errors import ApplicationError, FieldError
+from core.roles import is_researcher
+from jobs.placement import job_request_with_advice
+from jobs.services import job_submit
+from jobs.validation import JobRequest, job_request_validate
 from nodes.models import Cluster
-from nodes.placement_service import job_request_with_advice, placement_as_dict
+from nodes.placement_service import placement_as_dict
 from studies.models import ScalingStudy, StudyPoint
 
 logger = logging.getLogger(__name__)

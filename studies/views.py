@@ -9,8 +9,8 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import render
 from django.urls import reverse
 
-from controlplane.errors import FieldError
-from controlplane.roles import is_researcher
+from core.errors import FieldError
+from core.roles import is_researcher
 from studies.forms import StudyForm
 from studies.selectors import CSV_COLUMNS, study_get_for_user, study_list_for_user, study_report
 from studies.services import study_create, study_results_freeze

@@ -102,8 +102,9 @@ def devcluster() -> Any:
 def dev_cluster_registered(transactional_db: Any) -> Any:
     """The dev cluster (brought up if needed) registered in Gantry and synced once."""
     from devcluster_support import ensure_up
-    from nodes.services import cluster_register, cluster_sync
+    from nodes.registration import cluster_register
     from nodes.slurm.transport import close_all
+    from nodes.sync import cluster_sync
 
     devcluster = ensure_up()
     devcluster.wait_quiet()

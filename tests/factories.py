@@ -4,7 +4,7 @@ import factory
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 
-from controlplane.roles import roles_sync
+from core.roles import roles_sync
 from jobs.models import Checkpoint, Job
 from nodes.models import Cluster, Gpu, Node, Partition, Switch
 

@@ -217,3 +217,24 @@ def command_error(argv: Sequence[str], rc: int, stdout: str, stderr: str) -> Slu
         stdout=stdout,
         stderr=stderr,
     )
+
+
+def describe_cluster_error(error: BaseException) -> str:
+    """A plain-words line for a page or an API error: what failed and what to check."""
+    if isinstance(error, HostKeyError):
+        return f"Host key refused: {error}"
+    if isinstance(error, SshAuthenticationError):
+        return f"SSH login refused: {error} (check the user and the private key)"
+    if isinstance(error, SlurmNotFound):
+        return f"Slurm is not installed or not on PATH on the login node: {error}"
+    if isinstance(error, SlurmControllerUnavailable):
+        return f"The Slurm controller does not answer: {error}"
+    if isinstance(error, SlurmParseError):
+        return f"Gantry could not read Slurm's output: {error}"
+    if isinstance(error, SlurmCommandError):
+        return f"A Slurm command failed: {error}"
+    if isinstance(error, SshTransientError):
+        return f"Cluster unreachable: {error}"
+    if isinstance(error, SlurmError):
+        return str(error)
+    return f"{type(error).__name__}: {error}"

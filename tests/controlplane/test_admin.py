@@ -10,7 +10,8 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
-from controlplane.audit import audit_event_record
+from core.audit import audit_event_record
+from drills.models import RestoreDrill
 from factories import (
     CheckpointFactory,
     GpuFactory,
@@ -19,7 +20,7 @@ from factories import (
     PartitionFactory,
     SwitchFactory,
 )
-from jobs.models import JobEvent, MetricPoint, RestoreDrill
+from jobs.models import JobEvent, MetricPoint
 from nodes.models import Link, NodeEvent
 
 pytestmark = pytest.mark.django_db
@@ -56,7 +57,7 @@ def populated(operator: Any, researcher: Any) -> dict[str, Any]:
     checkpoint = CheckpointFactory(job=job, step=100)
     RestoreDrill.objects.create(checkpoint=checkpoint, allocation={"nodes": 1}, allocation_key="n1")
     audit_event_record(actor=operator, action="node.drain", target=node, details={"reason": "fan"})
-    from jobs.models import DrillPolicy
+    from drills.models import DrillPolicy
 
     DrillPolicy.objects.create(cluster=switch.cluster, enabled=True, running_every_hours=6)
     return {"node": node, "job": job}
@@ -68,7 +69,7 @@ def test_every_registered_model_lists_and_opens_for_an_operator(
     client.force_login(operator)
     assert client.get(reverse("admin:index")).status_code == 200
     for model in admin.site._registry:
-        if model._meta.app_label not in {"controlplane", "nodes", "jobs"}:
+        if model._meta.app_label not in {"core", "nodes", "jobs", "drills"}:
             continue
         info = (model._meta.app_label, model._meta.model_name)
         listing = client.get(reverse("admin:{}_{}_changelist".format(*info)))
@@ -106,17 +107,17 @@ def test_audit_log_cannot_be_edited(
     client: Client, operator: Any, populated: dict[str, Any]
 ) -> None:
     client.force_login(operator)
-    from controlplane.models import AuditEvent
+    from core.models import AuditEvent
 
     event = AuditEvent.objects.get()
     page = client.get(
-        reverse("admin:controlplane_auditevent_change", args=[event.pk])
+        reverse("admin:core_auditevent_change", args=[event.pk])
     ).content.decode()
     assert 'name="action"' not in page
-    assert client.get(reverse("admin:controlplane_auditevent_add")).status_code == 403
+    assert client.get(reverse("admin:core_auditevent_add")).status_code == 403
     assert (
         client.post(
-            reverse("admin:controlplane_auditevent_delete", args=[event.pk]), {"post": "yes"}
+            reverse("admin:core_auditevent_delete", args=[event.pk]), {"post": "yes"}
         ).status_code
         == 403
     )

@@ -6,8 +6,8 @@ import pytest
 from django.test import Client
 from rest_framework.test import APIClient
 
-from controlplane.audit import audit_event_record
-from controlplane.models import AuditEvent
+from core.audit import audit_event_record
+from core.models import AuditEvent
 
 pytestmark = pytest.mark.django_db
 

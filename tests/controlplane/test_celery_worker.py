@@ -9,7 +9,7 @@ import pytest
 from django.db import connection
 
 from celery_support import database_url_for, start_worker
-from controlplane.tasks import ping
+from core.tasks import ping
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
@@ -21,4 +21,4 @@ def test_worker_answers_ping_through_redis(tmp_path: Path, request: Any) -> None
     request.addfinalizer(worker.stop)
     result = ping.apply_async()
     assert result.get(timeout=60) == "pong", worker.log()
-    assert "controlplane.ping" in worker.log()
+    assert "core.ping" in worker.log()

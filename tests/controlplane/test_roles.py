@@ -5,7 +5,7 @@ from typing import Any
 import pytest
 from django.http import Http404
 
-from controlplane.roles import is_operator, is_researcher, role_name
+from core.roles import is_operator, is_researcher, role_name
 from factories import JobFactory
 from jobs.selectors import job_get_for_user, job_list_for_user
 
@@ -17,19 +17,19 @@ def test_roles_exist_with_their_model_permissions(
 ) -> None:
     # Researchers may submit and act on jobs, and see the inventory...
     assert researcher.has_perm("jobs.add_job")
-    assert researcher.has_perm("jobs.add_restoredrill")
+    assert researcher.has_perm("drills.add_restoredrill")
     assert researcher.has_perm("nodes.view_node")
     # ...but may not change the inventory or read the audit log.
     assert not researcher.has_perm("nodes.change_node")
     assert not researcher.has_perm("nodes.add_cluster")
-    assert not researcher.has_perm("controlplane.view_auditevent")
+    assert not researcher.has_perm("core.view_auditevent")
     # Operators may do all of that, and read (never edit) the audit log.
     assert operator.has_perm("nodes.change_node")
     assert operator.has_perm("nodes.add_cluster")
     assert operator.has_perm("jobs.change_job")
-    assert operator.has_perm("controlplane.view_auditevent")
-    assert not operator.has_perm("controlplane.change_auditevent")
-    assert not operator.has_perm("controlplane.delete_auditevent")
+    assert operator.has_perm("core.view_auditevent")
+    assert not operator.has_perm("core.change_auditevent")
+    assert not operator.has_perm("core.delete_auditevent")
     # Someone in no role gets nothing.
     assert not outsider.has_perm("jobs.add_job")
     assert not outsider.has_perm("nodes.view_node")
@@ -76,7 +76,7 @@ def test_researcher_sees_only_their_own_jobs_operator_sees_all(
 def test_migration_grants_match_roles_sync() -> None:
     from django.contrib.auth.models import Group
 
-    from controlplane.roles import RESEARCHER_PERMISSIONS, roles_sync
+    from core.roles import RESEARCHER_PERMISSIONS, roles_sync
 
     def grants(name: str) -> set[str]:
         group = Group.objects.get(name=name)

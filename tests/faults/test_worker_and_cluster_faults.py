@@ -28,8 +28,8 @@ from fault_support import (
 )
 from jobs.models import Job, JobEvent, MetricPoint
 from jobs.services import job_submit_to_slurm
-from jobs.tasks import cluster_reconcile_task
 from nodes.models import Cluster
+from watcher.tasks import cluster_reconcile_task
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

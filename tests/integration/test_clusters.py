@@ -11,11 +11,11 @@ from django.db import connection
 from rest_framework.test import APIClient
 
 from celery_support import database_url_for, start_worker, wait_until
-from controlplane.models import AuditEvent
+from core.models import AuditEvent
 from devcluster_support import DevCluster
 from nodes.models import Cluster, Gpu, Link, Node, NodeEvent, Partition, Switch
-from nodes.services import cluster_sync
 from nodes.slurm.transport import close_all
+from nodes.sync import cluster_sync
 
 
 def register_payload(devcluster: DevCluster, **overrides: Any) -> dict[str, Any]:

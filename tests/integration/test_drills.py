@@ -12,7 +12,8 @@ from rest_framework.test import APIClient
 
 from celery_support import wait_until
 from devcluster_support import DevCluster
-from jobs.models import Checkpoint, Job, RestoreDrill
+from drills.models import RestoreDrill
+from jobs.models import Checkpoint, Job
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -11,7 +11,7 @@ from rest_framework.test import APIClient
 
 from celery_support import wait_until
 from jobs.models import Job
-from nodes.placement_service import job_placement_check
+from jobs.placement import job_placement_check
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

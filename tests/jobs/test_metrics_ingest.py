@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 
 from factories import JobFactory
+from jobs.ingest import checkpoint_register, metrics_ingest
 from jobs.models import Job, MetricPoint
 from jobs.selectors import job_metrics
-from jobs.services import checkpoint_register, metrics_ingest
 
 pytestmark = pytest.mark.django_db
 

@@ -84,7 +84,7 @@ def test_a_valid_request_is_accepted_queued_and_audited(
     assert job.state == "queued" and job.owner == researcher
     assert job.config["d_model"] == 64 and job.total_steps == 20
     assert job.events.get().to_state == "queued"
-    from controlplane.models import AuditEvent
+    from core.models import AuditEvent
 
     assert AuditEvent.objects.filter(action="job.submit", target_id=str(job.id)).exists()
 

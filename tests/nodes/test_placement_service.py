@@ -10,8 +10,9 @@ from django.test import Client
 from django.utils import timezone
 
 from factories import ClusterFactory, GpuFactory, JobFactory, NodeFactory, SwitchFactory
+from jobs.placement import busy_nodes_free_at, job_placement_check
 from nodes.models import Link
-from nodes.placement_service import job_placement_check, placement_advice, placement_inputs
+from nodes.placement_service import placement_advice, placement_inputs
 
 pytestmark = pytest.mark.django_db
 
@@ -65,7 +66,7 @@ def test_inputs_reflect_rows(dev_shape: Any) -> None:
         started_at=started,
         time_limit_minutes=30,
     )
-    infos, switches = placement_inputs(cluster)
+    infos, switches = placement_inputs(cluster, free_at=busy_nodes_free_at(cluster))
     by_name = {info.name: info for info in infos}
     assert (by_name["n1"].gpus_free, by_name["n1"].cpus_free, by_name["n1"].memory_free_mb) == (
         1,

@@ -9,13 +9,13 @@ import pytest
 
 from factories import ClusterFactory
 from nodes.models import Cluster, Gpu, Node, NodeEvent, Switch
-from nodes.services import _apply_inventory, sync_backoff_seconds
 from nodes.slurm.parsers import (
     Inventory,
     parse_partitions,
     parse_sinfo_json,
     parse_topology,
 )
+from nodes.sync import apply_inventory, sync_backoff_seconds
 
 DATA = Path(__file__).resolve().parent / "slurm" / "data" / "slurm-22.05.8"
 
@@ -38,7 +38,7 @@ def cluster() -> Cluster:
 
 
 def test_idle_cluster_becomes_rows(cluster: Cluster) -> None:
-    result = _apply_inventory(cluster, recorded_inventory())
+    result = apply_inventory(cluster, recorded_inventory())
     assert result.ok and result.nodes_seen == 4
     assert sorted(Node.objects.values_list("name", "state")) == [
         ("n1", "idle"),
@@ -54,8 +54,8 @@ def test_idle_cluster_becomes_rows(cluster: Cluster) -> None:
 
 
 def test_busy_cluster_marks_allocated_gpus(cluster: Cluster) -> None:
-    _apply_inventory(cluster, recorded_inventory())
-    _apply_inventory(cluster, recorded_inventory("sinfo_busy.json"))
+    apply_inventory(cluster, recorded_inventory())
+    apply_inventory(cluster, recorded_inventory("sinfo_busy.json"))
     busy_nodes = Node.objects.filter(state__in=["mixed", "allocated"])
     assert busy_nodes.exists()
     allocated = Gpu.objects.filter(state="allocated")
@@ -68,8 +68,8 @@ def test_busy_cluster_marks_allocated_gpus(cluster: Cluster) -> None:
 
 
 def test_drained_node_and_its_reason(cluster: Cluster) -> None:
-    _apply_inventory(cluster, recorded_inventory())
-    _apply_inventory(cluster, recorded_inventory("sinfo_drained.json"))
+    apply_inventory(cluster, recorded_inventory())
+    apply_inventory(cluster, recorded_inventory("sinfo_drained.json"))
     drained = Node.objects.get(state="drained")
     assert drained.reason
     event = NodeEvent.objects.get(node=drained, kind="state")
@@ -78,24 +78,24 @@ def test_drained_node_and_its_reason(cluster: Cluster) -> None:
 
 def test_disappearing_node_is_marked_gone_never_deleted(cluster: Cluster) -> None:
     inventory = recorded_inventory()
-    _apply_inventory(cluster, inventory)
+    apply_inventory(cluster, inventory)
     without_n4 = dataclasses.replace(
         inventory, nodes=tuple(node for node in inventory.nodes if node.name != "n4")
     )
-    result = _apply_inventory(cluster, without_n4)
+    result = apply_inventory(cluster, without_n4)
     n4 = Node.objects.get(name="n4")
     assert n4.state == "gone"
     assert result.state_changes == 1
     assert n4.gpus.count() == 2  # kept, for history
     # It comes back when Slurm reports it again.
-    _apply_inventory(cluster, inventory)
+    apply_inventory(cluster, inventory)
     assert Node.objects.get(name="n4").state == "idle"
 
 
 def test_a_repeated_sync_writes_no_events(cluster: Cluster) -> None:
-    _apply_inventory(cluster, recorded_inventory())
+    apply_inventory(cluster, recorded_inventory())
     before = NodeEvent.objects.count()
-    result = _apply_inventory(cluster, recorded_inventory())
+    result = apply_inventory(cluster, recorded_inventory())
     assert result.state_changes == 0
     assert NodeEvent.objects.count() == before
 

@@ -149,7 +149,7 @@ def dead_cluster(db: Any, isolated_ssh_dir: Path) -> Any:
     """A cluster whose login host does not listen (127.0.0.1 port 1): every call that
     acts on it fails fast with 'connection refused' instead of reaching a real cluster."""
     from nodes.cluster_access import cluster_key_dir, write_private_file
-    from nodes.services import KEY_FILE_NAME
+    from nodes.registration import KEY_FILE_NAME
 
     cluster = ClusterFactory(
         name="deadcluster",
@@ -168,8 +168,9 @@ def dead_cluster(db: Any, isolated_ssh_dir: Path) -> Any:
 @pytest.fixture
 def world(dead_cluster: Any, researcher: Any, other_researcher: Any) -> dict[str, Any]:
     """Inventory, and jobs/checkpoints/drills owned by the researcher and by another one."""
+    from drills.models import RestoreDrill
     from factories import CheckpointFactory, GpuFactory, JobFactory, NodeFactory, PartitionFactory
-    from jobs.models import Job, RestoreDrill
+    from jobs.models import Job
     from nodes.models import Switch
 
     PartitionFactory(cluster=dead_cluster, name="batch", is_default=True)

@@ -420,8 +420,8 @@ def test_register_api_refuses_an_overlong_host_label(
 
 
 def test_register_service_refuses_an_overlong_host_label(db: Any, isolated_ssh_dir: Path) -> None:
-    from controlplane.errors import FieldError
-    from nodes.services import cluster_register
+    from core.errors import FieldError
+    from nodes.registration import cluster_register
 
     with pytest.raises(FieldError):
         cluster_register(

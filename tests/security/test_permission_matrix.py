@@ -53,7 +53,9 @@ PUBLIC = {"operator": OK, "researcher": OK, "outsider": OK, "anonymous": OK}
 EXPECTED: dict[str, tuple[str, bool, dict[str, Any] | None, dict[str, str]]] = {
     # pages
     "overview": ("get", False, None, INVENTORY_PAGE),
+    "overview-live": ("get", False, None, INVENTORY_PAGE),
     "node-list": ("get", False, None, INVENTORY_PAGE),
+    "node-list-live": ("get", False, None, INVENTORY_PAGE),
     "node-detail": ("get", False, None, INVENTORY_PAGE),
     "node-drain": ("post", False, {"reason": "matrix"}, OPERATOR_PAGE_ACTION),
     "node-resume": ("post", False, {}, OPERATOR_PAGE_ACTION),

@@ -7,8 +7,9 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from controlplane.errors import ApplicationError
-from nodes.services import cluster_register, cluster_sync
+from core.errors import ApplicationError
+from nodes.registration import cluster_register
+from nodes.sync import cluster_sync
 
 
 def read_env_file(path: Path) -> dict[str, str]:

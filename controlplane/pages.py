@@ -1,0 +1,127 @@
+"""Pages that combine apps (the composition root): the overview, a node's page with the
+jobs on it, and the topology with a job's or a proposed placement highlighted."""
+
+from __future__ import annotations
+
+from django.contrib.auth.decorators import login_required
+from django.db.models import Sum
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, render
+
+from core.roles import is_operator
+from drills.selectors import drill_fleet_health
+from jobs.models import Job
+from jobs.selectors import job_get_for_user, job_list_for_user
+from nodes.models import Cluster, Node
+from nodes.placement import placement_quality
+from nodes.placement_service import placement_inputs
+from nodes.selectors import cluster_health_list, cluster_list, switch_tree
+from nodes.slurm.hostlist import expand
+
+
+def _overview_context(request: HttpRequest) -> dict[str, object]:
+    jobs = job_list_for_user(user=request.user)
+    throughput = (
+        jobs.filter(state=Job.State.RUNNING).aggregate(total=Sum("throughput_now"))["total"] or 0.0
+    )
+    return {
+        "throughput_now": throughput,
+        "drill_health": drill_fleet_health(user=request.user),
+        "cluster_health": cluster_health_list(),
+        "running_count": jobs.filter(state=Job.State.RUNNING).count(),
+        "pending_count": jobs.filter(
+            state__in=[Job.State.QUEUED, Job.State.SUBMITTING, Job.State.PENDING]
+        ).count(),
+        "recent_failures": list(
+            jobs.filter(state__in=[Job.State.FAILED, Job.State.NODE_FAIL, Job.State.LOST]).order_by(
+                "-ended_at", "-created_at"
+            )[:5]
+        ),
+    }
+
+
+@login_required
+def overview(request: HttpRequest) -> HttpResponse:
+    return render(request, "overview.html", _overview_context(request))
+
+
+@login_required
+def overview_live_partial(request: HttpRequest) -> HttpResponse:
+    """The live part of the overview, polled while the tab is visible."""
+    return render(request, "_overview_live.html", _overview_context(request))
+
+
+@login_required
+def node_detail_page(request: HttpRequest, node_id: int) -> HttpResponse:
+    node = get_object_or_404(
+        Node.objects.select_related("cluster", "leaf_switch").prefetch_related("gpus"), id=node_id
+    )
+    running_here = [
+        job
+        for job in Job.objects.filter(
+            cluster=node.cluster, state__in=[Job.State.RUNNING, Job.State.COMPLETING]
+        ).select_related("owner")
+        if node.name in job.allocated_node_names
+    ]
+    return render(
+        request,
+        "nodes/node_detail.html",
+        {
+            "node": node,
+            "events": node.events.all()[:50],
+            "jobs": running_here,
+            "can_operate": is_operator(request.user),
+        },
+    )
+
+
+def _topology_highlight(request: HttpRequest) -> dict[str, object]:
+    """Nodes (and the switches they span) to highlight: ``?job=<id>`` for where a job runs,
+    ``?nodes=n[1-2]&cluster=<name>`` for a proposed placement."""
+    cluster = None
+    names: list[str] = []
+    caption = ""
+    if request.GET.get("job"):
+        job = job_get_for_user(user=request.user, job_id=request.GET["job"])
+        cluster, names = job.cluster, job.allocated_node_names
+        caption = (
+            f"Job {job.name}: {job.allocated_nodes}"
+            if names
+            else f"Job {job.name} is not placed yet."
+        )
+    elif request.GET.get("nodes"):
+        try:
+            names = expand(request.GET["nodes"])
+        except ValueError:
+            names = []
+        name = request.GET.get("cluster")
+        found = Cluster.objects.filter(name=name).first() if name else None
+        cluster = found or Cluster.objects.filter(is_default=True).first()
+        caption = f"Proposed placement: {request.GET['nodes']}"
+    if cluster is None or not names:
+        return {"caption": caption, "cluster_id": None, "nodes": [], "switches": []}
+    infos, switches = placement_inputs(cluster)
+    check = placement_quality(names, infos, switches, None)
+    if check.switches_spanned:
+        caption += f" — spans {', '.join(check.switches_spanned)}"
+    return {
+        "caption": caption,
+        "cluster_id": cluster.pk,
+        "nodes": names,
+        "switches": list(check.switches_spanned),
+    }
+
+
+@login_required
+def topology_page(request: HttpRequest) -> HttpResponse:
+    highlight = _topology_highlight(request)
+    trees = []
+    for cluster in cluster_list():
+        roots = switch_tree(cluster=cluster)
+        unplaced = list(
+            Node.objects.filter(cluster=cluster, leaf_switch__isnull=True)
+            .exclude(state=Node.State.GONE)
+            .prefetch_related("gpus")
+        )
+        trees.append((cluster, roots, unplaced))
+    return render(request, "nodes/topology.html", {"trees": trees, "highlight": highlight})

@@ -1,0 +1,41 @@
+"""Celery task names, in one place.
+
+A service that must start work after its transaction commits sends the task by name
+(``transaction.on_commit(lambda: task_send(JOB_SUBMIT, job_id))``), so services never
+import task modules and task modules import their services: no import cycles.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+PING = "core.ping"
+CLUSTER_SYNC = "nodes.cluster_sync"
+CLUSTERS_SYNC_DUE = "nodes.clusters_sync_due"
+JOB_SUBMIT = "jobs.submit"
+DRILL_SUBMIT = "drills.submit"
+CHECKPOINT_VERIFY = "drills.checkpoint_verify"
+DRILL_POLICIES_APPLY = "drills.policies_apply"
+CLUSTER_RECONCILE = "watcher.cluster_reconcile"
+CLUSTERS_RECONCILE_DUE = "watcher.clusters_reconcile_due"
+STUDIES_ADVANCE = "studies.advance_all"
+
+
+def task_send(name: str, *args: Any) -> bool:
+    """Enqueue task ``name``; False (logged) when the broker cannot take it now.
+
+    Callers rely on a periodic task to pick up what could not be enqueued (the watcher
+    re-enqueues queued jobs and drills, beat re-enqueues due syncs), so a Redis outage
+    never turns into an error for the person who clicked.
+    """
+    from celery import current_app
+
+    try:
+        current_app.send_task(name, args=list(args))
+    except Exception:
+        logger.warning("could not enqueue %s%r; a periodic task will pick it up", name, args)
+        return False
+    return True

@@ -1,0 +1,53 @@
+"""The audit log: who did what to which object. One event per operator action.
+
+Actions are a fixed set of names (``AuditAction``), defined here and imported everywhere,
+so the log can be filtered by a name that cannot drift between the place that writes it
+and the place that reads it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import models
+
+from core.models import AuditEvent
+
+
+class AuditAction(models.TextChoices):
+    CLUSTER_REGISTER = "cluster.register"
+    CLUSTER_UPDATE = "cluster.update"
+    CLUSTER_PROBE = "cluster.probe"
+    CLUSTER_SYNC_REQUEST = "cluster.sync_request"
+    CLUSTER_DELETE = "cluster.delete"
+    NODE_DRAIN = "node.drain"
+    NODE_RESUME = "node.resume"
+    JOB_SUBMIT = "job.submit"
+    JOB_RESUME = "job.resume"
+    JOB_CANCEL = "job.cancel"
+    JOB_CHANGE = "job.change"
+    CHECKPOINT_VERIFY = "checkpoint.verify"
+    DRILL_START = "drill.start"
+    DRILL_CANCEL = "drill.cancel"
+    DRILL_POLICY_UPDATE = "drill_policy.update"
+    STUDY_CREATE = "study.create"
+
+
+def audit_event_record(
+    *,
+    actor: Any,
+    action: str,
+    target: models.Model | None = None,
+    details: dict[str, Any] | None = None,
+) -> AuditEvent:
+    """Write one audit event. Call inside the service's transaction."""
+    authenticated = actor is not None and getattr(actor, "is_authenticated", False)
+    return AuditEvent.objects.create(
+        actor=actor if authenticated else None,
+        actor_name=actor.get_username() if authenticated else "system",
+        action=str(action),
+        target_type=target._meta.label_lower if target is not None else "",
+        target_id=str(target.pk) if target is not None else "",
+        target_repr=str(target)[:255] if target is not None else "",
+        details=details or {},
+    )

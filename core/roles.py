@@ -1,0 +1,81 @@
+"""The two roles. A researcher acts on their own jobs; an operator on everything."""
+
+from __future__ import annotations
+
+from typing import Any
+
+RESEARCHERS = "researchers"
+OPERATORS = "operators"
+
+
+def is_operator(user: Any) -> bool:
+    if not getattr(user, "is_authenticated", False):
+        return False
+    if user.is_superuser:
+        return True
+    cached = getattr(user, "_gantry_is_operator", None)
+    if cached is None:
+        cached = user.groups.filter(name=OPERATORS).exists()
+        user._gantry_is_operator = cached
+    return bool(cached)
+
+
+def is_researcher(user: Any) -> bool:
+    if not getattr(user, "is_authenticated", False):
+        return False
+    if is_operator(user):
+        return True
+    cached = getattr(user, "_gantry_is_researcher", None)
+    if cached is None:
+        cached = user.groups.filter(name=RESEARCHERS).exists()
+        user._gantry_is_researcher = cached
+    return bool(cached)
+
+
+def role_name(user: Any) -> str:
+    if is_operator(user):
+        return "operator"
+    if is_researcher(user):
+        return "researcher"
+    return "none"
+
+
+# The same grants as migration controlplane/0002_roles (whose drill grants moved to the
+# drills app with drills 0001, and the audit log to core with core 0001); used to repair
+# the groups after a database flush (transactional tests) and by `manage.py gantry_user`.
+RESEARCHER_PERMISSIONS = (
+    "nodes.view_cluster",
+    "nodes.view_partition",
+    "nodes.view_node",
+    "nodes.view_gpu",
+    "nodes.view_switch",
+    "nodes.view_link",
+    "nodes.view_nodeevent",
+    "jobs.add_job",
+    "jobs.view_job",
+    "jobs.change_job",
+    "jobs.view_jobevent",
+    "jobs.view_metricpoint",
+    "jobs.view_checkpoint",
+    "drills.add_restoredrill",
+    "drills.view_restoredrill",
+    "drills.change_restoredrill",
+)
+
+
+def roles_sync() -> None:
+    """Create the two groups with their permissions if they are missing."""
+    from django.contrib.auth.models import Group, Permission
+
+    def permission(dotted: str) -> Permission:
+        app_label, codename = dotted.split(".")
+        return Permission.objects.get(content_type__app_label=app_label, codename=codename)
+
+    researchers, _ = Group.objects.get_or_create(name=RESEARCHERS)
+    researchers.permissions.set([permission(p) for p in RESEARCHER_PERMISSIONS])
+    operators, _ = Group.objects.get_or_create(name=OPERATORS)
+    grants = list(
+        Permission.objects.filter(content_type__app_label__in=["nodes", "jobs", "drills"])
+    )
+    grants += [permission("core.view_auditevent"), permission("authtoken.view_token")]
+    operators.permissions.set(grants)

@@ -1,0 +1,218 @@
+"""What is particular to restore drills in the Slurm lifecycle (``jobs.lifecycle``): the drill
+script, and what refusal, loss and the end of the drill's Slurm job mean (read
+``drill.json`` and store the verdict). ``error`` means the drill could not run; it is
+never a verdict on the checkpoint."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any
+
+from django.db import transaction
+from django.db.models import QuerySet
+from django.utils import timezone
+
+from controlplane.tasknames import DRILL_SUBMIT
+from drills.models import RestoreDrill
+from drills.verdicts import not_a_verdict, report_timings, verdict_of_report
+from jobs.lifecycle import Phase, SlurmLifecycle, slurm_phase
+from jobs.models import Checkpoint
+from jobs.runtime import ScriptSpec, drill_dir, render_sbatch, run_dir, trainer_ensure_uploaded
+from nodes.slurm import errors as slurm_errors
+from nodes.slurm.parsers import SlurmJob
+from nodes.slurm.transport import SshTransport
+from trainer.schema import Reason
+
+
+def drill_script_spec(drill: RestoreDrill, *, trainer_path: str) -> ScriptSpec:
+    job = drill.checkpoint.job
+    cluster = job.cluster
+    out_dir = drill_dir(cluster.workdir, str(job.id), str(drill.id))
+    allocation = drill.allocation
+    return ScriptSpec(
+        job_id=str(drill.id),
+        job_name=f"restore drill of {job.name} step {drill.checkpoint.step}",
+        run_dir=out_dir,
+        trainer_dir=trainer_path,
+        python=cluster.python,
+        partition=allocation["partition"],
+        nodes=int(allocation["nodes"]),
+        tasks_per_node=int(allocation["tasks_per_node"]),
+        cpus_per_task=int(allocation["cpus_per_task"]),
+        gpus_per_node=int(allocation["gpus_per_node"]),
+        gpu_type=allocation.get("gpu_type") or "",
+        memory_mb=job.memory_mb,
+        time_limit_minutes=min(job.time_limit_minutes, 30),
+        nodelist="",
+        switches="",
+        trainer_args=(
+            "drill",
+            "--checkpoint",
+            drill.checkpoint.path,
+            "--reference",
+            f"{run_dir(cluster.workdir, str(job.id))}/metrics.jsonl",
+            "--steps",
+            str(drill.steps),
+            "--out",
+            f"{out_dir}/drill.json",
+        ),
+    )
+
+
+class DrillLifecycle(SlurmLifecycle[RestoreDrill]):
+    model = RestoreDrill
+    noun = "drill job"
+    submit_task = DRILL_SUBMIT
+    faultpoint_prefix = "drill_submit"
+
+    def for_submit(self) -> QuerySet[RestoreDrill]:
+        return RestoreDrill.objects.select_related("cluster", "checkpoint__job__cluster")
+
+    def prepare(self, obj: RestoreDrill, transport: SshTransport) -> str:
+        cluster = obj.checkpoint.job.cluster
+        trainer_path = trainer_ensure_uploaded(transport, cluster.workdir)
+        spec = drill_script_spec(obj, trainer_path=trainer_path)
+        transport.makedirs(spec.run_dir)
+        script = f"{spec.run_dir}/drill.sbatch"
+        transport.put_bytes(script, render_sbatch(spec).encode(), mode=0o755)
+        return script
+
+    def end_with_error(
+        self, drill: RestoreDrill, *, reason: str, exit_code: int | None = None
+    ) -> bool:
+        """End a drill with ``error``: it could not run. Says so in plain words."""
+        drill.refresh_from_db()
+        if drill.is_final:
+            return False
+        return self.transition(
+            drill,
+            RestoreDrill.State.FINISHED,
+            verdict=RestoreDrill.Verdict.ERROR,
+            reason=not_a_verdict(reason)[:4000],
+            reason_code=Reason.INFRASTRUCTURE_ERROR,
+            finished_at=timezone.now(),
+            exit_code=exit_code,
+            submit_lease_until=None,
+        )
+
+    def apply_report(
+        self, drill: RestoreDrill, *, report: dict[str, Any], exit_code: int | None
+    ) -> bool:
+        """Store the verdict from ``drill.json``; a pass proves the checkpoint restorable,
+        a failed integrity blocks resuming from it."""
+        verdict = verdict_of_report(report)
+        now = timezone.now()
+        values: dict[str, Any] = {
+            "verdict": verdict.verdict,
+            "reason": verdict.reason[:4000],
+            "reason_code": verdict.reason_code[:64],
+            "evidence": report,
+            "finished_at": now,
+            "exit_code": exit_code,
+            **report_timings(report),
+        }
+        with transaction.atomic():
+            if not self.transition(drill, RestoreDrill.State.FINISHED, **values):
+                return False
+            if verdict.proves:
+                Checkpoint.objects.filter(pk=drill.checkpoint_id).update(
+                    last_proven_at=now,
+                    integrity=Checkpoint.Integrity.OK,
+                    integrity_detail="",
+                    integrity_checked_at=now,
+                )
+            elif verdict.blocks_resume:
+                Checkpoint.objects.filter(pk=drill.checkpoint_id).update(
+                    integrity=Checkpoint.Integrity.FAILED,
+                    integrity_detail=verdict.reason[:2000],
+                    integrity_checked_at=now,
+                )
+        return True
+
+    def refused(self, obj: RestoreDrill, reason: str) -> None:
+        self.end_with_error(obj, reason=reason)
+
+    def gave_up(self, obj: RestoreDrill, reason: str) -> None:
+        self.end_with_error(obj, reason=f"could not reach the cluster to start the drill: {reason}")
+
+    def lost(self, obj: RestoreDrill, message: str, now: datetime) -> bool:
+        return self.end_with_error(obj, reason=f"Slurm lost the drill job: {message}")
+
+    def state_for(self, phase: str) -> str:
+        return RestoreDrill.State.PENDING if phase == Phase.PENDING else RestoreDrill.State.RUNNING
+
+    def observed(self, obj: RestoreDrill, slurm_job: SlurmJob, to_state: str) -> dict[str, Any]:
+        if to_state != RestoreDrill.State.RUNNING or obj.started_at is not None:
+            return {}
+        return _started_values(obj, slurm_job.start_time or timezone.now())
+
+    def ended_values(self, now: datetime) -> dict[str, Any]:
+        return {"finished_at": now}
+
+    def cancel_requested(self, obj: RestoreDrill, *, by: str) -> str:
+        for _ in range(3):
+            if self.transition(obj, RestoreDrill.State.CANCELLED, finished_at=timezone.now()):
+                break
+            obj.refresh_from_db()
+            if not obj.is_active:
+                break
+        return "cancelled"
+
+    def finished(
+        self, obj: RestoreDrill, record: SlurmJob, transport: SshTransport, now: datetime
+    ) -> bool:
+        if slurm_phase(record.state) == Phase.CANCELLED:
+            return self.transition(obj, RestoreDrill.State.CANCELLED, finished_at=now)
+        if obj.started_at is None and record.start_time:
+            # It ran and ended between two cycles: fill in when it started.
+            RestoreDrill.objects.filter(id=obj.id).update(**_started_values(obj, record.start_time))
+        report = _read_report(obj, transport)
+        if _retention_removed_it(obj, report, transport):
+            # The whole directory is gone: the trainer's retention rotated the checkpoint
+            # out while the drill ran. That says nothing about the checkpoint itself.
+            Checkpoint.objects.filter(pk=obj.checkpoint_id, deleted_at__isnull=True).update(
+                deleted_at=now
+            )
+            return self.end_with_error(
+                obj,
+                reason="the checkpoint was removed by the trainer's retention "
+                "(checkpoint_keep) while the drill ran",
+                exit_code=record.exit_code,
+            )
+        if isinstance(report, dict) and report.get("verdict"):
+            return self.apply_report(obj, report=report, exit_code=record.exit_code)
+        return self.end_with_error(
+            obj,
+            reason=f"the drill job ended {record.state} (exit code {record.exit_code}) "
+            "without writing drill.json",
+            exit_code=record.exit_code,
+        )
+
+
+def _started_values(drill: RestoreDrill, started: datetime) -> dict[str, Any]:
+    values: dict[str, Any] = {"started_at": started}
+    if drill.submitted_at:
+        values["queue_wait_s"] = max(0.0, (started - drill.submitted_at).total_seconds())
+    return values
+
+
+def _read_report(drill: RestoreDrill, transport: SshTransport) -> Any:
+    job = drill.checkpoint.job
+    path = f"{drill_dir(job.cluster.workdir, str(job.id), str(drill.id))}/drill.json"
+    try:
+        return json.loads(transport.get_bytes(path))
+    except (slurm_errors.RemoteFileNotFound, ValueError):
+        return None
+
+
+def _retention_removed_it(drill: RestoreDrill, report: Any, transport: SshTransport) -> bool:
+    return (
+        isinstance(report, dict)
+        and report.get("verdict") == "failed"
+        and report.get("reason_code") in {Reason.MISSING_FILE, Reason.MISSING_MANIFEST}
+        and not transport.exists(drill.checkpoint.path)
+    )
+
+
+DRILLS = DrillLifecycle()

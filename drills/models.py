@@ -1,0 +1,141 @@
+"""Restore drills and the policies that start them.
+
+The tables kept their names (``jobs_restoredrill``, ``jobs_drillpolicy``) when the models
+moved here from the jobs app: a migrated database keeps every row.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from django.conf import settings
+from django.core.validators import MinValueValidator
+from django.db import models
+from django.db.models import Q
+
+from jobs.models import Checkpoint, SlurmTracked
+from nodes.models import Cluster
+
+
+class RestoreDrill(SlurmTracked):
+    """A restore exercise: load a checkpoint on an allocation, run K steps, compare."""
+
+    class State(models.TextChoices):
+        QUEUED = "queued"
+        SUBMITTING = "submitting"
+        PENDING = "pending"
+        RUNNING = "running"
+        FINISHED = "finished"
+        CANCELLED = "cancelled"
+
+    class Verdict(models.TextChoices):
+        PASSED = "passed"
+        FAILED = "failed"
+        ERROR = "error", "error (the drill could not run; not a verdict on the checkpoint)"
+
+    class Trigger(models.TextChoices):
+        MANUAL = "manual"
+        POLICY_RUNNING = "policy_running", "policy: newest checkpoint of a running job"
+        POLICY_FINAL = "policy_final", "policy: final checkpoint of a completed job"
+
+    ACTIVE_STATES = frozenset({State.QUEUED, State.SUBMITTING, State.PENDING, State.RUNNING})
+    FINAL_STATES = frozenset({State.FINISHED, State.CANCELLED})
+    SLURM_ACTIVE_STATES = frozenset({State.PENDING, State.RUNNING})
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    checkpoint = models.ForeignKey(Checkpoint, on_delete=models.CASCADE, related_name="drills")
+    requested_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="restore_drills",
+    )
+    steps = models.PositiveIntegerField(default=5, validators=[MinValueValidator(1)])
+    allocation = models.JSONField(
+        default=dict, help_text="nodes, gpus_per_node, tasks_per_node, partition"
+    )
+    allocation_key = models.CharField(
+        max_length=255, help_text="Canonical form of the allocation, for duplicate checks."
+    )
+    state = models.CharField(max_length=16, choices=State.choices, default=State.QUEUED)
+    verdict = models.CharField(max_length=16, choices=Verdict.choices, blank=True)
+    reason = models.TextField(blank=True)
+    reason_code = models.CharField(max_length=64, blank=True)
+    evidence = models.JSONField(null=True, blank=True)
+    trigger = models.CharField(max_length=16, choices=Trigger.choices, default=Trigger.MANUAL)
+    cluster = models.ForeignKey(
+        Cluster, on_delete=models.CASCADE, related_name="restore_drills", null=True
+    )
+
+    integrity_s = models.FloatField(null=True, blank=True)
+    load_s = models.FloatField(null=True, blank=True)
+    steps_s = models.FloatField(null=True, blank=True)
+    queue_wait_s = models.FloatField(null=True, blank=True)
+
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "jobs_restoredrill"
+        ordering = ["-created_at"]
+        constraints = [
+            # One drill at a time per checkpoint and allocation: a second one is refused.
+            models.UniqueConstraint(
+                fields=["checkpoint", "allocation_key"],
+                condition=Q(state__in=["queued", "submitting", "pending", "running"]),
+                name="drill_one_active_per_checkpoint_allocation",
+            ),
+            models.CheckConstraint(
+                name="drill_verdict_only_when_finished",
+                condition=Q(verdict="") | Q(state__in=["finished", "cancelled"]),
+            ),
+        ]
+        indexes = [
+            models.Index(fields=["cluster", "state"], name="drill_cluster_state"),
+            models.Index(fields=["state", "-created_at"], name="drill_state_created"),
+            models.Index(fields=["verdict", "-finished_at"], name="drill_verdict_finished"),
+        ]
+
+    def __str__(self) -> str:
+        return f"drill {str(self.id)[:8]} of {self.checkpoint}"
+
+    @property
+    def is_active(self) -> bool:
+        return self.state in self.ACTIVE_STATES
+
+    @property
+    def is_final(self) -> bool:
+        return self.state in self.FINAL_STATES
+
+
+class DrillPolicy(models.Model):
+    """Per cluster, set by operators: which restore drills Gantry starts by itself."""
+
+    cluster = models.OneToOneField(Cluster, on_delete=models.CASCADE, related_name="drill_policy")
+    enabled = models.BooleanField(default=False)
+    running_every_hours = models.FloatField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(0.01)],
+        help_text="Drill the newest checkpoint of every running job this often; empty: never.",
+    )
+    drill_final_checkpoint = models.BooleanField(
+        default=False, help_text="Drill each job's final checkpoint when it completes."
+    )
+    max_in_flight = models.PositiveSmallIntegerField(
+        default=2, validators=[MinValueValidator(1)], help_text="At most this many drills at once."
+    )
+    steps = models.PositiveIntegerField(default=5, validators=[MinValueValidator(1)])
+    updated_at = models.DateTimeField(auto_now=True)
+    updated_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    # Completed jobs that ended before the policy was switched on are not drilled after the fact.
+    final_since = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "jobs_drillpolicy"
+        verbose_name_plural = "drill policies"
+
+    def __str__(self) -> str:
+        return f"drill policy of {self.cluster}"

@@ -1,0 +1,102 @@
+"""Reads for drills: who may see which drill, the drill list, fleet drill health."""
+
+from __future__ import annotations
+
+from typing import Any
+from uuid import UUID
+
+from django.core.exceptions import ValidationError
+from django.db.models import OuterRef, QuerySet, Subquery
+from django.http import Http404
+
+from core.errors import FieldError
+from drills.models import RestoreDrill
+from jobs.models import Checkpoint, Job
+from jobs.selectors import job_list_for_user
+
+
+def restore_drill_list_for_user(*, user: Any) -> QuerySet[RestoreDrill]:
+    """Drills a user may see: those of the jobs they may see (``job_list_for_user``)."""
+    return RestoreDrill.objects.select_related("checkpoint", "checkpoint__job").filter(
+        checkpoint__job__in=job_list_for_user(user=user)
+    )
+
+
+def drill_get_for_user(*, user: Any, drill_id: UUID | str) -> RestoreDrill:
+    """The one access check for a drill; 404 for a missing drill and for someone else's."""
+    try:
+        return (
+            restore_drill_list_for_user(user=user)
+            .select_related("requested_by", "checkpoint__job__cluster")
+            .get(id=drill_id)
+        )
+    except (RestoreDrill.DoesNotExist, ValueError, TypeError, ValidationError):
+        raise Http404("No such drill.") from None
+
+
+def drill_list(
+    *,
+    user: Any,
+    state: str | None = None,
+    verdict: str | None = None,
+    job: str | None = None,
+    cluster: str | None = None,
+) -> QuerySet[RestoreDrill]:
+    """The one drill list behind the drills page and the API, filtered; unknown state or
+    verdict names are refused with the field."""
+    drills = restore_drill_list_for_user(user=user).select_related("requested_by")
+    if state:
+        if state not in RestoreDrill.State.values:
+            raise FieldError("state", f"unknown state {state!r}")
+        drills = drills.filter(state=state)
+    if verdict:
+        if verdict not in RestoreDrill.Verdict.values:
+            raise FieldError("verdict", f"unknown verdict {verdict!r}")
+        drills = drills.filter(verdict=verdict)
+    if job:
+        drills = drills.filter(checkpoint__job_id=job)
+    if cluster:
+        drills = drills.filter(cluster__name=cluster)
+    return drills
+
+
+def drill_fleet_health(*, user: Any) -> dict[str, Any]:
+    """Share of running jobs whose newest checkpoint is proven, recent failures,
+    the time-to-restore distribution and drills in flight."""
+    newest_proven = Subquery(
+        Checkpoint.objects.filter(job=OuterRef("pk")).order_by("-step").values("last_proven_at")[:1]
+    )
+    running_jobs = job_list_for_user(user=user).filter(state=Job.State.RUNNING)
+    running = running_jobs.count()
+    proven = (
+        running_jobs.annotate(newest_proven=newest_proven)
+        .filter(newest_proven__isnull=False)
+        .count()
+    )
+    drills = restore_drill_list_for_user(user=user)
+    failures = list(
+        drills.filter(verdict=RestoreDrill.Verdict.FAILED).order_by("-finished_at")[:10]
+    )
+    errors = list(drills.filter(verdict=RestoreDrill.Verdict.ERROR).order_by("-finished_at")[:5])
+    load_times = list(
+        drills.filter(verdict=RestoreDrill.Verdict.PASSED, load_s__isnull=False)
+        .order_by("-finished_at")
+        .values_list("load_s", flat=True)[:500]
+    )
+    in_flight = list(drills.filter(state__in=RestoreDrill.ACTIVE_STATES).order_by("created_at"))
+    proven_checkpoints = Checkpoint.objects.filter(
+        last_proven_at__isnull=False, job__in=job_list_for_user(user=user)
+    ).count()
+    return {
+        "running_jobs": running,
+        "running_jobs_proven": proven,
+        "proven_share": (proven / running) if running else None,
+        "recent_failures": failures,
+        "recent_errors": errors,
+        "load_times": sorted(load_times),
+        "in_flight": in_flight,
+        "proven_checkpoints": proven_checkpoints,
+        "passed": drills.filter(verdict=RestoreDrill.Verdict.PASSED).count(),
+        "failed": drills.filter(verdict=RestoreDrill.Verdict.FAILED).count(),
+        "errored": drills.filter(verdict=RestoreDrill.Verdict.ERROR).count(),
+    }

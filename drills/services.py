@@ -1,0 +1,224 @@
+"""Writes for restore drills: start, the submit task's work, cancel; integrity checks.
+
+A drill is a Slurm job running ``python -m trainer drill`` against the original run; it
+goes through the same lifecycle as jobs (``jobs.lifecycle``), with the drill-specific
+part in ``drills.lifecycle``. Scheduled drills are in ``drills.policies``.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from controlplane.tasknames import CHECKPOINT_VERIFY, task_send
+from core.access import require_can_act
+from core.audit import AuditAction, audit_event_record
+from core.errors import ConflictError, FieldError
+from drills.lifecycle import DRILLS
+from drills.models import RestoreDrill
+from jobs.models import Checkpoint, Job, MetricPoint
+from jobs.runtime import trainer_ensure_uploaded
+from jobs.validation import JobRequest, job_request_validate
+from nodes.cluster_access import transport_for
+
+ALLOCATION_KEYS = (
+    "partition",
+    "nodes",
+    "tasks_per_node",
+    "gpus_per_node",
+    "gpu_type",
+    "cpus_per_task",
+)
+
+
+def allocation_for(job: Job, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The drill's allocation: the original job's shape unless overridden."""
+    allocation = {key: getattr(job, key) for key in ALLOCATION_KEYS}
+    for key, value in (overrides or {}).items():
+        if key in allocation and value not in (None, ""):
+            allocation[key] = value
+    return allocation
+
+
+def allocation_key(allocation: dict[str, Any]) -> str:
+    return (
+        f"{allocation['partition']}:{allocation['nodes']}x{allocation['tasks_per_node']}"
+        f":gpu{allocation['gpus_per_node']}{allocation['gpu_type'] or ''}"
+        f":cpu{allocation['cpus_per_task']}"
+    )
+
+
+def _check_allocation(job: Job, allocation: dict[str, Any]) -> None:
+    """The cluster must be able to give the allocation: the same checks as a job's."""
+    request = JobRequest(
+        cluster=job.cluster,
+        name=f"drill of {job.name}",
+        config=job.config,
+        partition=str(allocation["partition"]),
+        nodes=int(allocation["nodes"]),
+        gpus_per_node=int(allocation["gpus_per_node"]),
+        gpu_type=str(allocation["gpu_type"] or ""),
+        tasks_per_node=int(allocation["tasks_per_node"]),
+        cpus_per_task=int(allocation["cpus_per_task"]),
+        memory_mb=job.memory_mb,
+        time_limit_minutes=min(job.time_limit_minutes, 30),
+        nodelist="",
+        switches="",
+    )
+    try:
+        job_request_validate(request)
+    except FieldError as error:
+        raise FieldError(f"allocation.{error.field}", error.why) from None
+
+
+def _check_reference(checkpoint: Checkpoint, steps: int) -> None:
+    """The original run must have logged the steps a drill compares with."""
+    logged_after = MetricPoint.objects.filter(
+        job=checkpoint.job, step__gt=checkpoint.step, step__lte=checkpoint.step + steps
+    ).count()
+    if logged_after < steps:
+        raise FieldError(
+            "steps",
+            f"the original run logged {logged_after} step(s) after step {checkpoint.step}; "
+            f"a drill compares against them, so at most {logged_after} can be checked",
+        )
+
+
+def restore_drill_start(
+    *,
+    actor: Any,
+    checkpoint: Checkpoint,
+    steps: int | None = None,
+    allocation: dict[str, Any] | None = None,
+    trigger: str = RestoreDrill.Trigger.MANUAL,
+) -> RestoreDrill:
+    """Create a drill and hand it to the submit task after commit.
+
+    ``actor`` None means Gantry itself (a scheduled policy). Refused, with the reason: an
+    allocation the cluster cannot give, more steps than the original run logged after the
+    checkpoint, or the same checkpoint and allocation already being drilled.
+    """
+    job = checkpoint.job
+    if actor is not None:
+        require_can_act(actor, owner_id=job.owner_id, what="run drills on this job")
+    if checkpoint.deleted_at is not None:
+        raise FieldError(
+            "checkpoint",
+            f"step {checkpoint.step} was removed from the cluster by the trainer's retention "
+            f"(checkpoint_keep={job.config.get('checkpoint_keep')}); nothing left to drill",
+        )
+    steps = steps or settings.DRILL_DEFAULT_STEPS
+    if steps < 1:
+        raise FieldError("steps", "at least 1")
+    chosen = allocation_for(job, allocation)
+    _check_allocation(job, chosen)
+    _check_reference(checkpoint, steps)
+    key = allocation_key(chosen)
+    conflict = ConflictError(
+        f"A drill of step {checkpoint.step} on this allocation ({key}) is already running; "
+        "wait for its verdict or cancel it."
+    )
+    if RestoreDrill.objects.filter(
+        checkpoint=checkpoint, allocation_key=key, state__in=RestoreDrill.ACTIVE_STATES
+    ).exists():
+        raise conflict
+    try:
+        with transaction.atomic():
+            drill = RestoreDrill.objects.create(
+                checkpoint=checkpoint,
+                cluster=job.cluster,
+                requested_by=actor,
+                steps=steps,
+                allocation=chosen,
+                allocation_key=key,
+                trigger=trigger,
+            )
+            audit_event_record(
+                actor=actor,
+                action=AuditAction.DRILL_START,
+                target=drill,
+                details={"checkpoint_step": checkpoint.step, "allocation": key, "trigger": trigger},
+            )
+            drill_id = str(drill.id)
+            transaction.on_commit(lambda: DRILLS.enqueue_submit(drill_id))
+    except IntegrityError:
+        # The unique constraint caught a race the check above could not.
+        raise conflict from None
+    return drill
+
+
+def restore_drill_submit_to_slurm(*, drill_id: str) -> str:
+    """Submit the drill's Slurm job exactly once (tag lookup first, like jobs).
+
+    Accepts ``queued`` and ``submitting`` with an expired lease; anything else is left.
+    """
+    return DRILLS.submit_exactly_once(drill_id)
+
+
+def restore_drill_submit_gave_up(*, drill_id: str, error: BaseException) -> None:
+    """The cluster stayed unreachable: the drill ends ``error`` (it could not run)."""
+    DRILLS.submit_gave_up(drill_id, error)
+
+
+def restore_drill_cancel(*, actor: Any, drill: RestoreDrill) -> str:
+    """Cancel a drill (the job's owner or an operator); idempotent. A finished drill is
+    left as it is."""
+    require_can_act(actor, owner_id=drill.checkpoint.job.owner_id, what="cancel this drill")
+
+    def audit(cancelled: RestoreDrill) -> None:
+        audit_event_record(actor=actor, action=AuditAction.DRILL_CANCEL, target=cancelled)
+
+    return DRILLS.cancel(drill, by=actor.get_username(), audit=audit)
+
+
+def checkpoint_verify(*, checkpoint_id: int) -> Checkpoint:
+    """Integrity only: run the trainer's ``verify --json`` on the login node over SSH.
+
+    Read-only on the cluster, so safe to repeat."""
+    checkpoint = Checkpoint.objects.select_related("job__cluster").get(pk=checkpoint_id)
+    cluster = checkpoint.job.cluster
+    transport = transport_for(cluster)
+    trainer_path = trainer_ensure_uploaded(transport, cluster.workdir)
+    result = transport.exec(
+        [
+            "env",
+            f"PYTHONPATH={trainer_path}",
+            cluster.python,
+            "-m",
+            "trainer",
+            "verify",
+            "--checkpoint",
+            checkpoint.path,
+            "--json",
+        ],
+        check=False,
+        timeout=600,
+    )
+    try:
+        report = json.loads(result.stdout)
+    except ValueError:
+        report = {"ok": False, "reason": (result.stderr or result.stdout).strip()[:2000]}
+    ok = result.rc == 0 and bool(report.get("ok", result.rc == 0))
+    Checkpoint.objects.filter(pk=checkpoint.pk).update(
+        integrity=Checkpoint.Integrity.OK if ok else Checkpoint.Integrity.FAILED,
+        integrity_detail=""
+        if ok
+        else str(report.get("reason") or report.get("error") or "")[:2000],
+        integrity_checked_at=timezone.now(),
+        integrity_report=report,
+    )
+    checkpoint.refresh_from_db()
+    return checkpoint
+
+
+def checkpoint_verify_request(*, actor: Any, checkpoint: Checkpoint) -> None:
+    """Ask for an integrity check of ``checkpoint`` (owner or operator), after commit."""
+    require_can_act(actor, owner_id=checkpoint.job.owner_id, what="check this checkpoint")
+    with transaction.atomic():
+        audit_event_record(actor=actor, action=AuditAction.CHECKPOINT_VERIFY, target=checkpoint)
+        checkpoint_id = checkpoint.pk
+        transaction.on_commit(lambda: task_send(CHECKPOINT_VERIFY, checkpoint_id))

@@ -1,0 +1,159 @@
+"""The watcher's look into run directories: one remote command lists every watched run
+directory (metrics size, acceptance, checkpoint manifests); then only new bytes are read
+over SFTP (by offset) and handed to ``jobs.ingest``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shlex
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.db.models import Q
+from django.utils import timezone
+
+from jobs.ingest import checkpoint_register, metrics_ingest
+from jobs.models import Checkpoint, Job
+from jobs.runtime import run_dir
+from nodes.models import Cluster
+from nodes.slurm import errors as slurm_errors
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class RunFilesResult:
+    sftp_reads: int = 0
+    bytes_read: int = 0
+    metric_points: int = 0
+    checkpoints: int = 0
+    errors: list[str] = field(default_factory=list)
+
+
+_FILES_SCRIPT_ENTRY = (
+    'd={dir}; printf "D %s\\n" "$d"; '
+    'if [ -f "$d/metrics.jsonl" ]; then printf "M %s\\n" "$(stat -c %s "$d/metrics.jsonl")"; fi; '
+    'if [ -f "$d/acceptance.json" ]; then echo A; fi; '
+    'for m in "$d"/checkpoints/step-*/manifest.json; do '
+    'if [ -f "$m" ]; then printf "C %s\\n" "$m"; fi; done; '
+)
+
+
+@dataclass
+class RunFiles:
+    metrics_size: int | None = None
+    acceptance: bool = False
+    manifests: list[str] = field(default_factory=list)
+
+
+def scan_run_dirs(transport: Any, directories: list[str]) -> dict[str, RunFiles]:
+    """One remote command for all run directories: metrics size, acceptance, manifests."""
+    script = "".join(_FILES_SCRIPT_ENTRY.format(dir=shlex.quote(d)) for d in directories)
+    output = transport.exec_shell(script + "true").stdout
+    found: dict[str, RunFiles] = {}
+    current: RunFiles | None = None
+    for line in output.splitlines():
+        kind, _, value = line.partition(" ")
+        if kind == "D":
+            current = found.setdefault(value, RunFiles())
+        elif current is None:
+            continue
+        elif kind == "M" and value.strip().isdigit():
+            current.metrics_size = int(value)
+        elif kind == "A":
+            current.acceptance = True
+        elif kind == "C":
+            current.manifests.append(value)
+    return found
+
+
+def _read_run_files(
+    job: Job, files: RunFiles, transport: Any, result: RunFilesResult, known_steps: set[str]
+) -> None:
+    directory = run_dir(job.cluster.workdir, str(job.id))
+    if files.metrics_size is not None and files.metrics_size > job.metrics_offset:
+        wanted = files.metrics_size - job.metrics_offset
+        offset = job.metrics_offset
+        while wanted > 0:
+            chunk = transport.read_from(f"{directory}/metrics.jsonl", offset, min(wanted, 8 << 20))
+            result.sftp_reads += 1
+            result.bytes_read += len(chunk)
+            if not chunk:
+                break
+            stored, new_offset = metrics_ingest(job=job, data=chunk, start_offset=offset)
+            result.metric_points += stored
+            if new_offset == offset:
+                break
+            wanted -= new_offset - offset
+            offset = new_offset
+    if files.acceptance and job.acceptance is None:
+        try:
+            acceptance = json.loads(transport.get_bytes(f"{directory}/acceptance.json"))
+            result.sftp_reads += 1
+            Job.objects.filter(id=job.id, acceptance__isnull=True).update(acceptance=acceptance)
+        except (ValueError, slurm_errors.RemoteFileNotFound):
+            pass
+    present = {path.rsplit("/", 2)[-2] for path in files.manifests}
+    for step_name in sorted(known_steps - present):
+        # The trainer's retention (checkpoint_keep) deleted it: keep the row, say so.
+        step_number = int(step_name.split("-")[1])
+        Checkpoint.objects.filter(job=job, step=step_number, deleted_at__isnull=True).update(
+            deleted_at=timezone.now()
+        )
+    for manifest_path in files.manifests:
+        step_dir = manifest_path.rsplit("/", 2)[-2]
+        if step_dir in known_steps:
+            continue
+        try:
+            manifest = json.loads(transport.get_bytes(manifest_path))
+        except (ValueError, slurm_errors.RemoteFileNotFound):
+            continue
+        result.sftp_reads += 1
+        if checkpoint_register(job=job, manifest_path=manifest_path, manifest=manifest):
+            result.checkpoints += 1
+
+
+def jobs_to_read(cluster: Cluster) -> list[Job]:
+    """Jobs whose run directory may still hold something new: running, or ended and not
+    yet read for the last time."""
+    return list(
+        Job.objects.filter(cluster=cluster, files_final=False)
+        .filter(
+            Q(state__in=[Job.State.RUNNING, Job.State.COMPLETING]) | Q(state__in=Job.FINAL_STATES)
+        )
+        .exclude(slurm_job_id="")
+        .select_related("cluster")
+    )
+
+
+def run_files_read(*, cluster: Cluster, jobs: list[Job], transport: Any) -> RunFilesResult:
+    """Read what is new in the run directories of ``jobs``: one listing command, then SFTP
+    reads of new metric bytes, the acceptance manifest and new checkpoint manifests. A job
+    that has ended is marked ``files_final`` after this read: nothing more will appear."""
+    result = RunFilesResult()
+    if not jobs:
+        return result
+    directories = [run_dir(cluster.workdir, str(job.id)) for job in jobs]
+    scanned = scan_run_dirs(transport, directories)
+    known: dict[Any, set[str]] = {job.id: set() for job in jobs}
+    for job_id, step in Checkpoint.objects.filter(job__in=jobs).values_list("job_id", "step"):
+        known[job_id].add(f"step-{step:06d}")
+    fresh = Job.objects.select_related("cluster").in_bulk([job.id for job in jobs])
+    for job, directory in zip(jobs, directories, strict=True):
+        job = fresh.get(job.id, job)
+        try:
+            _read_run_files(
+                job, scanned.get(directory, RunFiles()), transport, result, known[job.id]
+            )
+        except slurm_errors.SlurmError:
+            raise
+        except Exception as error:
+            # One job's unreadable files never stop the others; it is tried again next cycle.
+            logger.exception("job %s: reading its run directory failed", job.id)
+            result.errors.append(f"job {job.id}: {type(error).__name__}: {error}")
+            continue
+        if job.is_final:
+            Job.objects.filter(id=job.id).update(files_final=True)
+    return result

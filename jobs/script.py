@@ -1,0 +1,48 @@
+"""The sbatch script of a job, built from its row (``jobs.runtime`` renders it).
+
+The preview, the job page and the submit task all call ``job_script_spec``, so the script
+a person reads is byte for byte the one that runs.
+"""
+
+from __future__ import annotations
+
+import trainer
+from jobs.models import Job
+from jobs.runtime import ScriptSpec, render_sbatch, run_dir, trainer_dir
+
+
+def job_script_spec(job: Job, *, trainer_path: str, resume_path: str | None) -> ScriptSpec:
+    directory = run_dir(job.cluster.workdir, str(job.id))
+    args = ["train", "--config", f"{directory}/config.json", "--run-dir", directory]
+    if resume_path:
+        args += ["--resume", resume_path]
+    return ScriptSpec(
+        job_id=str(job.id),
+        job_name=job.name,
+        run_dir=directory,
+        trainer_dir=trainer_path,
+        python=job.cluster.python,
+        partition=job.partition,
+        nodes=job.nodes,
+        tasks_per_node=job.tasks_per_node,
+        cpus_per_task=job.cpus_per_task,
+        gpus_per_node=job.gpus_per_node,
+        gpu_type=job.gpu_type,
+        memory_mb=job.memory_mb,
+        time_limit_minutes=job.time_limit_minutes,
+        nodelist=job.nodelist_requested,
+        switches=job.switches_requested,
+        trainer_args=tuple(args),
+        environment=tuple(sorted((job.environment or {}).items())),
+    )
+
+
+def job_script(job: Job) -> str:
+    """The exact script this job runs (the trainer directory depends only on its version)."""
+    return render_sbatch(
+        job_script_spec(
+            job,
+            trainer_path=trainer_dir(job.cluster.workdir, trainer.source_digest()),
+            resume_path=job.resume_from.path if job.resume_from else None,
+        )
+    )
