@@ -30,7 +30,7 @@ import torch  # noqa: E402
 from trainer import checkpoint as ck  # noqa: E402
 from trainer import dist  # noqa: E402
 from trainer.config import validate  # noqa: E402
-from trainer.train import Session  # noqa: E402
+from trainer.session import Session  # noqa: E402
 
 MB = 1e6
 

@@ -302,6 +302,11 @@ class JobResumeApi(APIView):
         nodes = serializers.IntegerField(min_value=1, required=False)
         tasks_per_node = serializers.IntegerField(min_value=1, required=False)
         partition = serializers.CharField(max_length=64, required=False)
+        environment = serializers.DictField(
+            child=serializers.CharField(allow_blank=True, max_length=1024),
+            required=False,
+            help_text="environment variables for the ranks; default: the resumed job's",
+        )
 
     @extend_schema(request=InputSerializer, responses={202: AcceptedSerializer})
     def post(self, request: Request, job_id: str) -> Response:
@@ -323,6 +328,7 @@ class JobResumeApi(APIView):
             name=values.get("name"),
             steps=values.get("steps"),
             overrides=overrides,
+            environment=values.get("environment"),
         )
         return accepted(new_job)
 

@@ -137,9 +137,11 @@ def job_resume(
     name: str | None = None,
     steps: int | None = None,
     overrides: dict[str, Any] | None = None,
+    environment: dict[str, str] | None = None,
 ) -> Job:
     """A new job that continues from ``checkpoint`` (the trainer's ``--resume``), linked to
-    its parent. Refused when the checkpoint failed its integrity check."""
+    its parent, with the parent's resources and environment unless overridden. Refused
+    when the checkpoint failed its integrity check."""
     parent = checkpoint.job
     require_can_act(actor, owner_id=parent.owner_id, what="resume this job")
     if checkpoint.deleted_at is not None:
@@ -175,7 +177,7 @@ def job_resume(
         cluster=parent.cluster,
         name=name or f"{parent.name} (resumed @{checkpoint.step})",
         config=config,
-        environment=dict(parent.environment or {}),
+        environment=dict(parent.environment or {}) if environment is None else environment,
         **values,
     )
     return job_submit(user=actor, request=request, parent=parent, resume_from=checkpoint)

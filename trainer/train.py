@@ -1,280 +1,29 @@
-"""Training session: model, optimizer, data position; step, snapshot, load; the train loop."""
+"""The train command: resume (optionally), write the acceptance manifest, train with
+checkpoints, log metrics, finish with a ``done`` event. Each step of a run is a function."""
 
 from __future__ import annotations
 
-import math
 import os
-import random
 import shutil
 import sys
 import time
 import uuid
 from collections import deque
-from contextlib import nullcontext
+from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import torch
-import torch.distributed as tdist
-import torch.nn.functional as F
-from torch.nn.parallel import DistributedDataParallel as DDP
 
 from . import checkpoint as ck
 from . import dist
-from .config import Config
-from .data import IGNORE_INDEX, MarkovSource
+from .config import Config, validate
 from .metrics import MetricsWriter
-from .model import TinyGPT, flops_per_token, n_params
+from .schema import ACCEPTANCE_SCHEMA, Event
+from .session import Session
+
+EXIT_OK, EXIT_FAILED, EXIT_INPUT = 0, 1, 2
 
 
-def lr_lambda_for(cfg: Config):
-    warm, total, floor = cfg.warmup_steps, cfg.steps, cfg.min_lr_ratio
-
-    def f(i: int) -> float:
-        if warm > 0 and i < warm:
-            return (i + 1) / warm
-        span = max(1, total - warm)
-        prog = min(1.0, (i - warm) / span)
-        return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * prog))
-
-    return f
-
-
-def rng_state(device: torch.device) -> dict[str, Any]:
-    np_state = np.random.get_state(legacy=False)
-    assert isinstance(np_state, dict)
-    return {
-        "python": random.getstate(),
-        "numpy": {
-            "bit_generator": np_state["bit_generator"],
-            "key": np_state["state"]["key"].tolist(),
-            "pos": int(np_state["state"]["pos"]),
-            "has_gauss": int(np_state["has_gauss"]),
-            "gauss": float(np_state["gauss"]),
-        },
-        "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
-    }
-
-
-def set_rng_state(state: dict[str, Any], device: torch.device) -> None:
-    py = state["python"]
-    random.setstate((py[0], tuple(py[1]), py[2]))
-    n = state["numpy"]
-    np.random.set_state(
-        {
-            "bit_generator": n["bit_generator"],
-            "state": {"key": np.array(n["key"], dtype=np.uint32), "pos": n["pos"]},
-            "has_gauss": n["has_gauss"],
-            "gauss": n["gauss"],
-        }
-    )
-    torch.set_rng_state(state["torch"].cpu())
-    if device.type == "cuda" and state.get("cuda") is not None:
-        torch.cuda.set_rng_state(state["cuda"].cpu(), device)
-
-
-def seed_all(seed: int, rank: int) -> None:
-    random.seed(seed * 1000 + rank)
-    np.random.seed((seed * 1000 + rank) % (2**32))
-    torch.manual_seed(seed)
-
-
-class Session:
-    def __init__(self, cfg: Config, env: dist.DistEnv, device: torch.device) -> None:
-        self.cfg = cfg
-        self.env = env
-        self.device = device
-        self.rank = env.rank
-        self.world = env.world_size
-        self.source = MarkovSource(cfg)
-        seed_all(cfg.seed, env.rank)
-        torch.manual_seed(cfg.seed)  # identical init on every rank
-        self.model = TinyGPT(cfg).to(device)
-        self.n_params = n_params(self.model)
-        self.net: torch.nn.Module = self.model
-        if env.distributed:
-            self.net = DDP(self.model, device_ids=[device.index] if device.type == "cuda" else None)
-        self.opt = torch.optim.AdamW(
-            self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95)
-        )
-        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lr_lambda_for(cfg))
-        torch.manual_seed(cfg.seed + 7919 * env.rank)  # per-rank stream from here on
-        self.step = 0
-        self.samples_consumed = 0
-        self.per_rank_batch = cfg.batch_size
-        self._snap_cache: dict[str, torch.Tensor] = {}  # reused async snapshot buffers
-        self.autocast = (
-            torch.autocast(device_type=device.type, dtype=torch.bfloat16)
-            if cfg.precision == "bf16"
-            else nullcontext()
-        )
-
-    @property
-    def global_batch(self) -> int:
-        return self.per_rank_batch * self.world
-
-    def flops_per_token(self) -> float:
-        return flops_per_token(self.cfg, self.n_params)
-
-    # -- one optimizer step -------------------------------------------------------------------
-    def train_step(self) -> dict[str, float]:
-        t0 = time.perf_counter()
-        start = self.samples_consumed + self.rank * self.per_rank_batch
-        x, y = self.source.batch(start, self.per_rank_batch)
-        x = x.to(self.device, non_blocking=True)
-        y = y.to(self.device, non_blocking=True)
-        t_data = time.perf_counter() - t0
-        lr = float(self.opt.param_groups[0]["lr"])
-        with self.autocast if self.cfg.precision == "bf16" else nullcontext():
-            logits = self.net(x)
-        loss = F.cross_entropy(
-            logits.float().reshape(-1, self.cfg.vocab_size),
-            y.reshape(-1),
-            ignore_index=IGNORE_INDEX,
-        )
-        self.opt.zero_grad(set_to_none=True)
-        loss.backward()
-        if self.cfg.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
-        self.opt.step()
-        self.sched.step()
-        g = loss.detach().clone()
-        if dist.is_initialized():
-            tdist.all_reduce(g)
-            g = g / self.world
-        value = float(g.item())
-        self.step += 1
-        self.samples_consumed += self.global_batch
-        return {
-            "loss": value,
-            "data_time": t_data,
-            "lr": lr,
-            "compute_time": time.perf_counter() - t0 - t_data,
-        }
-
-    # -- state ---------------------------------------------------------------------------------
-    def data_state(self) -> dict[str, Any]:
-        return {
-            "samples_consumed": self.samples_consumed,
-            "global_batch": self.global_batch,
-            "per_rank_batch": self.per_rank_batch,
-            "world_size": self.world,
-            "rank_next_sample": self.samples_consumed + self.rank * self.per_rank_batch,
-            "dataset_sha256": self.source.definition_sha256(),
-        }
-
-    def meta(self) -> dict[str, Any]:
-        return {
-            "step": self.step,
-            "rank": self.rank,
-            "world_size": self.world,
-            "config": self.cfg.to_dict(),
-            "device": str(self.device),
-            "precision": self.cfg.precision,
-            "torch_threads": torch.get_num_threads(),
-            "torch": str(torch.__version__),
-        }
-
-    def snapshot(self, copy: bool = True) -> dict[str, Any]:
-        """This rank's checkpoint state; ``copy`` clones every tensor to CPU (async saves)."""
-        cache = self._snap_cache
-        jobs: list[tuple[torch.Tensor, torch.Tensor]] = []
-
-        def conv(obj: Any, key: str) -> Any:
-            if copy or self.device.type != "cpu":
-                return ck.clone_into(obj, cache, key, jobs)
-            return obj
-
-        state: dict[str, Any] = {
-            "rng": ck.clone_to_cpu(rng_state(self.device)),
-            "data": self.data_state(),
-            "meta": self.meta(),
-        }
-        if self.rank == 0:
-            state["model"] = conv(self.model.state_dict(), "model")
-            state["optimizer"] = conv(self.opt.state_dict(), "optimizer")
-            state["scheduler"] = ck.clone_to_cpu(self.sched.state_dict())
-        ck.copy_tensors(jobs)  # the bulk memcpy, split over the cores
-        return state
-
-    def load(self, path: str, manifest: dict[str, Any]) -> dict[str, Any]:
-        """Load a verified checkpoint onto this rank. Raises CheckpointError."""
-        t0 = time.perf_counter()
-        ranks = {int(f["rank"]) for f in manifest["files"] if f.get("role") == "index"}
-        w_save = int(manifest["world_size"])
-        report: dict[str, Any] = {"files_verified": [], "bytes": 0, "notes": []}
-
-        def read(rank: int, into: dict[str, Any] | None = None) -> dict[str, Any]:
-            # sizes + sha256 of the index and every data file, checked while reading
-            obj, names, nbytes = ck.load_rank(path, manifest, rank, into)
-            report["bytes"] += nbytes
-            report["files_verified"] += names
-            missing = [k for k in ck.required_keys(rank) if k not in obj]
-            if missing:
-                raise ck.CheckpointError(
-                    "missing_state",
-                    f"{names[0]}: required state {', '.join(missing)} missing",
-                )
-            return obj
-
-        if 0 not in ranks:
-            raise ck.CheckpointError("missing_file", "manifest lists no rank-0 index file")
-        # the weights are read straight into the parameters (load_state_dict then checks
-        # keys/shapes and copies nothing); on failure the session is unusable anyway
-        with torch.no_grad():
-            st0 = read(0, {"model": self.model.state_dict()})
-        try:
-            self.model.load_state_dict(st0["model"], strict=True)
-            # the loaded tensors are fresh private memory: no copy needed
-            self.opt.load_state_dict(st0["optimizer"])
-            self.sched.load_state_dict(st0["scheduler"])
-        except (RuntimeError, ValueError, KeyError) as exc:
-            msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise ck.CheckpointError(
-                "load_error", f"state does not fit this config/model: {msg}"
-            ) from None
-        mine = st0 if self.rank == 0 else (read(self.rank) if self.rank in ranks else None)
-        if mine is not None:
-            set_rng_state(mine["rng"], self.device)
-        else:
-            seed_all(self.cfg.seed + int(st0["meta"]["step"]), self.rank)
-            torch.manual_seed(self.cfg.seed + 7919 * self.rank + int(st0["meta"]["step"]))
-            report["notes"].append(
-                f"rank {self.rank} has no saved RNG state (world size at save {w_save}); "
-                "seeded deterministically"
-            )
-        d = st0["data"]
-        self.step = int(st0["meta"]["step"])
-        self.samples_consumed = int(d["samples_consumed"])
-        g_save = int(d["global_batch"])
-        if self.world == w_save:
-            self.per_rank_batch = self.cfg.batch_size
-        elif g_save % self.world == 0:
-            self.per_rank_batch = g_save // self.world
-            report["notes"].append(
-                f"resharded {w_save} -> {self.world} ranks: per-rank batch "
-                f"{self.per_rank_batch} keeps the global batch {g_save}"
-            )
-        else:
-            self.per_rank_batch = self.cfg.batch_size
-            report["notes"].append(
-                f"resharded {w_save} -> {self.world} ranks: global batch {g_save} is not "
-                f"divisible by {self.world}; global batch becomes {self.global_batch}"
-            )
-        report.update(
-            step=self.step,
-            samples_consumed=self.samples_consumed,
-            world_size_at_save=w_save,
-            per_rank_batch=self.per_rank_batch,
-            global_batch=self.global_batch,
-            global_batch_at_save=g_save,
-            load_s=time.perf_counter() - t0,
-        )
-        return report
-
-
-# -- the train command -----------------------------------------------------------------------
 def log(msg: str, rank: int = 0) -> None:
     if rank == 0:
         print(f"trainer: {msg}", file=sys.stderr, flush=True)
@@ -299,7 +48,7 @@ def acceptance(
 ) -> dict[str, Any]:
     cfg = session.cfg
     return {
-        "schema": "gantry-trainer-acceptance/1",
+        "schema": ACCEPTANCE_SCHEMA,
         "created": time.time(),
         "nodes": [r["node"] for r in ranks],
         "unique_nodes": sorted({r["node"] for r in ranks}),
@@ -340,6 +89,244 @@ def rank_info(session: Session, env: dist.DistEnv) -> dict[str, Any]:
     }
 
 
+@dataclass
+class ResumePoint:
+    """The checkpoint a run resumes from (all ranks agree on it)."""
+
+    path: str
+    manifest: dict[str, Any]
+    notes: list[str] = field(default_factory=list)
+
+
+def resolve_resume(run_dir: str, resume: str, env: dist.DistEnv) -> ResumePoint | str:
+    """Rank 0 resolves ``--resume`` (a path, or ``latest``: the newest verified checkpoint)
+    and tells the others; returns the resume point, or why resuming is impossible."""
+    result: tuple[str | None, list[str], str | None] = (None, [], None)
+    if env.rank == 0:
+        try:
+            path, notes = ck.resolve(run_dir, resume)
+            result = (path, notes, None)
+        except ck.CheckpointError as exc:
+            result = (None, [], f"[{exc.code}] {exc.reason}")
+    path, notes, error = dist.broadcast_object(result)
+    if error is not None:
+        return str(error)
+    assert path is not None
+    return ResumePoint(path=path, manifest=ck.load_manifest(path), notes=list(notes))
+
+
+def load_resume_point(
+    session: Session, point: ResumePoint, env: dist.DistEnv
+) -> dict[str, Any] | str:
+    """Every rank loads its part; returns the load report, or the first rank's error."""
+    error: str | None = None
+    report: dict[str, Any] | None = None
+    try:
+        report = session.load(point.path, point.manifest)
+    except ck.CheckpointError as exc:
+        error = f"[{exc.code}] rank {env.rank}: {exc.reason}"
+    errors = [e for e in dist.all_gather_object(error, env) if e]
+    if errors:
+        return str(errors[0])
+    assert report is not None
+    return report
+
+
+def _manifest_extra(session: Session, device: torch.device) -> dict[str, Any]:
+    """What every checkpoint manifest of this run records besides its files."""
+    cfg = session.cfg
+    return {
+        "config": cfg.to_dict(),
+        "config_sha256": cfg.sha256(),
+        "dataset_sha256": session.source.definition_sha256(),
+        "versions": dist.versions(),
+        "precision": cfg.precision,
+        "device_type": device.type,
+        "torch_threads": torch.get_num_threads(),
+    }
+
+
+@dataclass
+class TrainLoop:
+    """The steps of a run after set-up: train, checkpoint, log, notice the quality target."""
+
+    session: Session
+    env: dist.DistEnv
+    metrics: MetricsWriter
+    writer: ck.CheckpointWriter
+    manifest_extra: dict[str, Any]
+    target: float
+    reported_errors: int = 0
+    reached: int | None = None
+    loss: float = float("nan")
+    last_saved: int = 0
+
+    def report_checkpoint_errors(self) -> None:
+        for error in self.writer.errors[self.reported_errors :]:
+            log(f"warning: checkpoint failed: {error}", self.env.rank)
+            self.metrics.write(
+                {"event": Event.CHECKPOINT_FAILED, "time": time.time(), "error": error}
+            )
+        self.reported_errors = len(self.writer.errors)
+
+    def _maybe_checkpoint(self, step: int) -> float:
+        cfg = self.session.cfg
+        every = cfg.checkpoint_every
+        if every <= 0 or not (step % every == 0 or step == cfg.steps):
+            return 0.0
+        self.last_saved = step
+        return self.writer.save(step, self.session.snapshot, self.manifest_extra)
+
+    def _maybe_target(self, window: deque[float], step: int, elapsed: float) -> None:
+        window.append(self.loss)
+        full = len(window) == window.maxlen
+        if self.reached is None and full and sum(window) / len(window) <= self.target:
+            self.reached = step
+            self.metrics.write(
+                {
+                    "event": Event.TARGET_REACHED,
+                    "step": step,
+                    "elapsed": elapsed,
+                    "time": time.time(),
+                    "window_mean_loss": sum(window) / len(window),
+                    "target_loss": self.target,
+                }
+            )
+
+    def run(self) -> float:
+        """Train to the configured step count; returns seconds since the loop started."""
+        session, cfg = self.session, self.session.cfg
+        tokens_per_step = session.global_batch * cfg.seq_len
+        window: deque[float] = deque(maxlen=cfg.target_window)
+        self.last_saved = session.step
+        t_perf = time.perf_counter()
+        while session.step < cfg.steps:
+            t0 = time.perf_counter()
+            result = session.train_step()
+            self.loss = result["loss"]
+            step = session.step
+            blocking = self._maybe_checkpoint(step)
+            if len(self.writer.errors) > self.reported_errors:
+                self.report_checkpoint_errors()
+            step_time = time.perf_counter() - t0
+            elapsed = time.perf_counter() - t_perf
+            self._maybe_target(window, step, elapsed)
+            if step % cfg.log_every == 0 or step == cfg.steps:
+                self.metrics.write(
+                    {
+                        "step": step,
+                        "time": time.time(),
+                        "elapsed": elapsed,
+                        "loss": self.loss,
+                        "lr": result["lr"],
+                        "samples_per_s": session.global_batch / step_time,
+                        "tokens_per_s": tokens_per_step / step_time,
+                        "step_time": step_time,
+                        "data_time": result["data_time"],
+                        "checkpoint_blocking_time": blocking,
+                        "world_size": self.env.world_size,
+                        "global_batch": session.global_batch,
+                    }
+                )
+        return time.perf_counter() - t_perf
+
+
+def _start_events(
+    session: Session,
+    env: dist.DistEnv,
+    metrics: MetricsWriter,
+    point: ResumePoint | None,
+    load_report: dict[str, Any] | None,
+) -> None:
+    opt = session.source.optimal_loss
+    metrics.write(
+        {
+            "event": Event.START,
+            "time": time.time(),
+            "step": session.step,
+            "world_size": env.world_size,
+            "optimal_loss": opt,
+            "target_loss": opt + session.cfg.target_epsilon,
+            "global_batch": session.global_batch,
+            "tokens_per_step": session.global_batch * session.cfg.seq_len,
+            "steps": session.cfg.steps,
+        }
+    )
+    if point is not None and load_report is not None:
+        metrics.write(
+            {
+                "event": Event.RESUMED,
+                "time": time.time(),
+                "from": os.path.abspath(point.path),
+                "step": session.step,
+                "world_size_at_save": load_report["world_size_at_save"],
+                "samples_consumed": session.samples_consumed,
+                "notes": load_report["notes"],
+            }
+        )
+
+
+def _prepare_run_dir(
+    session: Session,
+    env: dist.DistEnv,
+    backend: str | None,
+    run_dir: str,
+    point: ResumePoint | None,
+) -> None:
+    """Create the run directory, move an abandoned timeline aside when resuming in the same
+    run, and write the acceptance manifest (rank 0)."""
+    os.makedirs(run_dir, exist_ok=True)
+    if env.rank == 0 and point is not None:
+        same_run = os.path.abspath(os.path.dirname(os.path.dirname(point.path))) == os.path.abspath(
+            run_dir
+        )
+        if same_run:
+            for moved in supersede_later(run_dir, session.step):
+                log(f"moved newer checkpoint aside (abandoned timeline): {moved}")
+    ranks = dist.all_gather_object(rank_info(session, env), env)
+    if env.rank == 0:
+        manifest = acceptance(session, env, backend, ranks)
+        if point is not None:
+            manifest["resumed_from"] = os.path.abspath(point.path)
+            manifest["resumed_step"] = session.step
+        ck.atomic_write_json(os.path.join(run_dir, "acceptance.json"), manifest)
+
+
+def _finish(loop: TrainLoop, started: float, elapsed: float) -> int:
+    """Wait for the last save, report it, write ``done`` (after every rank's save)."""
+    session, env, metrics = loop.session, loop.env, loop.metrics
+    t_wait = time.perf_counter()
+    loop.writer.wait()
+    final_wait = time.perf_counter() - t_wait
+    loop.report_checkpoint_errors()
+    # every rank's save finished before rank 0 reports done
+    ok_all = all(dist.all_gather_object(not loop.writer.errors, env))
+    opt = session.source.optimal_loss
+    metrics.write(
+        {
+            "event": Event.DONE,
+            "time": time.time(),
+            "step": session.step,
+            "elapsed": elapsed + final_wait,
+            "wall_s": time.time() - started,
+            "final_loss": loop.loss,
+            "optimal_loss": opt,
+            "target_loss": loop.target,
+            "target_reached_step": loop.reached,
+            "final_checkpoint_wait_s": final_wait,
+            "last_checkpoint_step": loop.last_saved if session.cfg.checkpoint_every > 0 else None,
+            "checkpoint_errors": not ok_all,
+        }
+    )
+    metrics.close()
+    log(
+        f"done: step {session.step}, loss {loop.loss:.4f} (optimal {opt:.4f}); target "
+        + (f"reached at step {loop.reached}" if loop.reached else "not reached"),
+        env.rank,
+    )
+    return EXIT_OK if ok_all else EXIT_FAILED
+
+
 def train(
     cfg: Config | None,
     run_dir: str,
@@ -350,70 +337,38 @@ def train(
 ) -> int:
     """Run training; returns the process exit code."""
     rank = env.rank
-    resume_path: str | None = None
-    manifest: dict[str, Any] | None = None
+    point: ResumePoint | None = None
     if resume is not None:
-        result: tuple[str | None, list[str], str | None] = (None, [], None)
-        if rank == 0:
-            try:
-                p, notes = ck.resolve(run_dir, resume)
-                result = (p, notes, None)
-            except ck.CheckpointError as exc:
-                result = (None, [], f"[{exc.code}] {exc.reason}")
-        result = dist.broadcast_object(result)
-        if result[2] is not None:
-            log(f"error: cannot resume: {result[2]}", rank)
-            return 2
-        resume_path = result[0]
-        assert resume_path is not None
-        for n in result[1]:
-            log(f"resume latest: {n}", rank)
-        manifest = ck.load_manifest(resume_path)
-        if cfg is None:
-            from .config import validate
-
-            cfg = validate(manifest["config"])
+        resolved = resolve_resume(run_dir, resume, env)
+        if isinstance(resolved, str):
+            log(f"error: cannot resume: {resolved}", rank)
+            return EXIT_INPUT
+        point = resolved
+        for note in point.notes:
+            log(f"resume latest: {note}", rank)
+        cfg = cfg or validate(point.manifest["config"])
     assert cfg is not None
     session = Session(cfg, env, device)
     load_report: dict[str, Any] | None = None
-    if resume_path is not None and manifest is not None:
-        err: str | None = None
-        try:
-            load_report = session.load(resume_path, manifest)
-        except ck.CheckpointError as exc:
-            err = f"[{exc.code}] rank {rank}: {exc.reason}"
-        errs = [e for e in dist.all_gather_object(err, env) if e]
-        if errs:
-            log(f"error: cannot resume from {resume_path}: {errs[0]}", rank)
-            return 2
-        assert load_report is not None
-        for n in load_report["notes"]:
-            log(n, rank)
-
-    os.makedirs(run_dir, exist_ok=True)
-    if rank == 0 and resume_path is not None:
-        same_run = os.path.abspath(
-            os.path.dirname(os.path.dirname(resume_path))
-        ) == os.path.abspath(run_dir)
-        if same_run:
-            for m in supersede_later(run_dir, session.step):
-                log(f"moved newer checkpoint aside (abandoned timeline): {m}")
-    ranks = dist.all_gather_object(rank_info(session, env), env)
+    if point is not None:
+        loaded = load_resume_point(session, point, env)
+        if isinstance(loaded, str):
+            log(f"error: cannot resume from {point.path}: {loaded}", rank)
+            return EXIT_INPUT
+        load_report = loaded
+        for note in load_report["notes"]:
+            log(note, rank)
+    _prepare_run_dir(session, env, backend, run_dir, point)
     save_id = dist.broadcast_object(uuid.uuid4().hex if rank == 0 else None)
     metrics = MetricsWriter(os.path.join(run_dir, "metrics.jsonl") if rank == 0 else None)
-    if rank == 0:
-        acc = acceptance(session, env, backend, ranks)
-        if resume_path is not None:
-            acc["resumed_from"] = os.path.abspath(resume_path)
-            acc["resumed_step"] = session.step
-        ck.atomic_write_json(os.path.join(run_dir, "acceptance.json"), acc)
 
     def on_complete(res: dict[str, Any]) -> None:
+        keys = ("step", "path", "bytes", "write_s", "blocking_s", "async")
         metrics.write(
             {
-                "event": "checkpoint",
+                "event": Event.CHECKPOINT,
                 "time": time.time(),
-                **{k: res[k] for k in ("step", "path", "bytes", "write_s", "blocking_s", "async")},
+                **{k: res[k] for k in keys},
                 "removed": res["removed"],
             }
         )
@@ -427,130 +382,15 @@ def train(
         cfg.checkpoint_keep,
         on_complete if rank == 0 else None,
     )
-    manifest_extra = {
-        "config": cfg.to_dict(),
-        "config_sha256": cfg.sha256(),
-        "dataset_sha256": session.source.definition_sha256(),
-        "versions": dist.versions(),
-        "precision": cfg.precision,
-        "device_type": device.type,
-        "torch_threads": torch.get_num_threads(),
-    }
-    opt = session.source.optimal_loss
-    target = opt + cfg.target_epsilon
-    tokens_per_step = session.global_batch * cfg.seq_len
-    metrics.write(
-        {
-            "event": "start",
-            "time": time.time(),
-            "step": session.step,
-            "world_size": env.world_size,
-            "optimal_loss": opt,
-            "target_loss": target,
-            "global_batch": session.global_batch,
-            "tokens_per_step": tokens_per_step,
-            "steps": cfg.steps,
-        }
-    )
-    if resume_path is not None and load_report is not None:
-        metrics.write(
-            {
-                "event": "resumed",
-                "time": time.time(),
-                "from": os.path.abspath(resume_path),
-                "step": session.step,
-                "world_size_at_save": load_report["world_size_at_save"],
-                "samples_consumed": session.samples_consumed,
-                "notes": load_report["notes"],
-            }
-        )
+    target = session.source.optimal_loss + cfg.target_epsilon
+    _start_events(session, env, metrics, point, load_report)
     log(
         f"rank {rank}/{env.world_size} on {env.node} ({device}, {backend or 'no backend'}); "
-        f"optimal loss {opt:.4f}, target {target:.4f}; steps {session.step}->{cfg.steps}",
+        f"optimal loss {session.source.optimal_loss:.4f}, target {target:.4f}; "
+        f"steps {session.step}->{cfg.steps}",
         rank,
     )
-
-    window: deque[float] = deque(maxlen=cfg.target_window)
-    reached: int | None = None
-    t_start = time.time()
-    t_perf = time.perf_counter()
-    last_saved = session.step
-    loss = float("nan")
-    reported_errors = 0
-    while session.step < cfg.steps:
-        t0 = time.perf_counter()
-        r = session.train_step()
-        loss = r["loss"]
-        step = session.step
-        blocking = 0.0
-        if cfg.checkpoint_every > 0 and (step % cfg.checkpoint_every == 0 or step == cfg.steps):
-            blocking = writer.save(step, session.snapshot, manifest_extra)
-            last_saved = step
-        if len(writer.errors) > reported_errors:
-            for e in writer.errors[reported_errors:]:
-                log(f"warning: checkpoint failed: {e}", rank)
-                metrics.write({"event": "checkpoint_failed", "time": time.time(), "error": e})
-            reported_errors = len(writer.errors)
-        step_time = time.perf_counter() - t0
-        elapsed = time.perf_counter() - t_perf
-        window.append(loss)
-        if reached is None and len(window) == window.maxlen and sum(window) / len(window) <= target:
-            reached = step
-            metrics.write(
-                {
-                    "event": "target_reached",
-                    "step": step,
-                    "elapsed": elapsed,
-                    "time": time.time(),
-                    "window_mean_loss": sum(window) / len(window),
-                    "target_loss": target,
-                }
-            )
-        if step % cfg.log_every == 0 or step == cfg.steps:
-            metrics.write(
-                {
-                    "step": step,
-                    "time": time.time(),
-                    "elapsed": elapsed,
-                    "loss": loss,
-                    "lr": r["lr"],
-                    "samples_per_s": session.global_batch / step_time,
-                    "tokens_per_s": tokens_per_step / step_time,
-                    "step_time": step_time,
-                    "data_time": r["data_time"],
-                    "checkpoint_blocking_time": blocking,
-                    "world_size": env.world_size,
-                    "global_batch": session.global_batch,
-                }
-            )
-    t_wait = time.perf_counter()
-    writer.wait()
-    final_wait = time.perf_counter() - t_wait
-    for e in writer.errors[reported_errors:]:
-        log(f"warning: checkpoint failed: {e}", rank)
-        metrics.write({"event": "checkpoint_failed", "time": time.time(), "error": e})
-    # every rank's save finished before rank 0 reports done
-    ok_all = all(dist.all_gather_object(not writer.errors, env))
-    metrics.write(
-        {
-            "event": "done",
-            "time": time.time(),
-            "step": session.step,
-            "elapsed": time.perf_counter() - t_perf,
-            "wall_s": time.time() - t_start,
-            "final_loss": loss,
-            "optimal_loss": opt,
-            "target_loss": target,
-            "target_reached_step": reached,
-            "final_checkpoint_wait_s": final_wait,
-            "last_checkpoint_step": last_saved if cfg.checkpoint_every > 0 else None,
-            "checkpoint_errors": not ok_all,
-        }
-    )
-    metrics.close()
-    log(
-        f"done: step {session.step}, loss {loss:.4f} (optimal {opt:.4f}); target "
-        + (f"reached at step {reached}" if reached else "not reached"),
-        rank,
-    )
-    return 0 if ok_all else 1
+    started = time.time()
+    loop = TrainLoop(session, env, metrics, writer, _manifest_extra(session, device), target)
+    elapsed = loop.run()
+    return _finish(loop, started, elapsed)

@@ -183,8 +183,11 @@ def test_trainer_killed_mid_checkpoint(
     assert partial.is_dir() and not (partial / "manifest.json").exists()
     assert list(job.checkpoints.values_list("step", flat=True)) == [10]
 
+    # Without the fault: a resumed job keeps its parent's environment unless told otherwise.
     response = researcher_api.post(
-        f"/api/v1/jobs/{job_id}/resume/", {"checkpoint_step": 10}, format="json"
+        f"/api/v1/jobs/{job_id}/resume/",
+        {"checkpoint_step": 10, "environment": {}},
+        format="json",
     )
     assert response.status_code == 202, response.json()
     resumed_id = str(response.json()["id"])

@@ -167,7 +167,7 @@ def test_state_roundtrip_restores_rng(tmp_path):
 
     from trainer import dist
     from trainer.config import validate
-    from trainer.train import Session
+    from trainer.session import Session
 
     s = Session(validate(tiny_config()), dist.DistEnv(), torch.device("cpu"))
     s.train_step()
@@ -190,8 +190,9 @@ def chunked_run(tmp_path_factory):
     d = tmp_path_factory.mktemp("chunked")
     cfg = write_config(d / "config.json", tiny_config())
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(ck, "DATA_CHUNK", 40 << 10)
-        mp.setattr(ck, "BLOCK", 24 << 10)  # blocks straddle files and tensors
+        mp.setattr("trainer.checkpoint.rankfile.DATA_CHUNK", 40 << 10)
+        # Blocks straddle files and tensors.
+        mp.setattr("trainer.checkpoint.durable.BLOCK", 24 << 10)
         assert cli(["train", "--config", str(cfg), "--run-dir", str(d / "run")]) == 0
     return d / "run"
 
@@ -281,8 +282,9 @@ def test_chunk_left_out_of_the_manifest_is_refused(chunked_run, tmp_path):
 
 def test_raw_format_roundtrip_bit_exact(tmp_path, monkeypatch):
     """dtypes (bf16, bool, int), 0-dim, empty, non-contiguous and shared tensors survive."""
-    monkeypatch.setattr(ck, "DATA_CHUNK", 1000)
-    monkeypatch.setattr(ck, "BLOCK", 384)
+    # Small files and blocks, so the tensors straddle both boundaries.
+    monkeypatch.setattr("trainer.checkpoint.rankfile.DATA_CHUNK", 1000)
+    monkeypatch.setattr("trainer.checkpoint.durable.BLOCK", 384)
     shared = torch.arange(300, dtype=torch.float32)
     state = {
         "model": {"w": shared, "tied": shared, "b": torch.randn(7, 5).to(torch.bfloat16)},

@@ -32,7 +32,7 @@ def test_cuda_rng_state_roundtrip(tmp_path):
     from trainer import checkpoint as ck
     from trainer import dist
     from trainer.config import validate
-    from trainer.train import Session
+    from trainer.session import Session
 
     dev = torch.device("cuda", 0)
     s = Session(validate(tiny_config(device="cuda")), dist.DistEnv(), dev)

@@ -7,7 +7,7 @@ from trainer_testlib import ckpt, cli, losses, read_lines, run_trainer, tiny_con
 from trainer import checkpoint as ck
 from trainer import dist
 from trainer.config import validate
-from trainer.train import Session
+from trainer.session import Session
 
 STEP_KEYS = {
     "step",

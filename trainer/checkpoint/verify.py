@@ -1,0 +1,231 @@
+"""Verification: manifest, sizes, hashes, required state, index contents; ``--resume``."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any
+
+from .durable import sha256_files
+from .layout import FORMAT, MANIFEST, CheckpointError, first_line, required_keys
+from .listing import list_checkpoints
+from .rankfile import load_rank, rank_files, read_index
+
+
+def load_manifest(path: str) -> dict[str, Any]:
+    mpath = os.path.join(path, MANIFEST)
+    if not os.path.isdir(path):
+        raise CheckpointError("missing_file", f"{path}: no such checkpoint directory")
+    if not os.path.isfile(mpath):
+        raise CheckpointError(
+            "missing_manifest",
+            f"{os.path.basename(path)}: no manifest.json (incomplete checkpoint)",
+        )
+    try:
+        with open(mpath, encoding="utf-8") as fh:
+            manifest = json.load(fh)
+    except (OSError, json.JSONDecodeError) as exc:
+        raise CheckpointError("load_error", f"manifest.json unreadable: {exc}") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise CheckpointError("load_error", f"manifest.json is not a {FORMAT} manifest")
+    for key in ("step", "world_size", "files", "state_keys", "config"):
+        if key not in manifest:
+            raise CheckpointError("load_error", f"manifest.json lacks {key!r}")
+    return manifest
+
+
+Problem = tuple[str, str]  # (reason code, reason)
+
+
+def _file_items(path: str, manifest: dict[str, Any], report: dict[str, Any]) -> None:
+    """One report item per listed file: present, of the listed size, of the listed sha256
+    (the files of the listed size are hashed in parallel)."""
+    to_hash: list[tuple[dict[str, Any], dict[str, Any]]] = []
+    for f in manifest["files"]:
+        fpath = os.path.join(path, f["name"])
+        item: dict[str, Any] = {
+            "name": f["name"],
+            "rank": f["rank"],
+            "role": f.get("role", "index"),
+            "size": f["size"],
+            "sha256": f["sha256"],
+            "exists": os.path.isfile(fpath),
+            "size_ok": False,
+            "sha256_ok": False,
+            "keys_ok": None,
+        }
+        report["files"].append(item)
+        if not item["exists"]:
+            continue
+        item["actual_size"] = os.path.getsize(fpath)
+        if item["actual_size"] == f["size"]:
+            item["size_ok"] = True
+            to_hash.append((f, item))
+    digests = sha256_files([os.path.join(path, f["name"]) for f, _ in to_hash])
+    for (f, item), res in zip(to_hash, digests, strict=True):
+        if isinstance(res, BaseException):
+            item["error"] = first_line(res)
+            continue
+        digest, n = res
+        report["bytes"] += n
+        item["actual_sha256"] = digest
+        item["sha256_ok"] = digest == f["sha256"]
+
+
+def _file_problem(f: dict[str, Any], item: dict[str, Any]) -> Problem:
+    name = f["name"]
+    if not item["exists"]:
+        return "missing_file", f"{name}: file is missing"
+    if not item["size_ok"]:
+        actual, size = item["actual_size"], f["size"]
+        trunc = " (truncated)" if actual < size else ""
+        return "integrity_size_mismatch", f"{name}: size {actual} != manifest size {size}{trunc}"
+    if "error" in item:
+        return "load_error", f"{name}: cannot be read: {item['error']}"
+    return (
+        "integrity_hash_mismatch",
+        f"{name}: sha256 {item['actual_sha256'][:16]}... != manifest "
+        f"{f['sha256'][:16]}... (content corrupted)",
+    )
+
+
+def _missing_state(
+    report: dict[str, Any], item: dict[str, Any], rank: int, missing: list[str]
+) -> Problem:
+    item["keys_ok"] = False
+    report["missing_state"] += [f"{k} (rank {rank})" for k in missing]
+    return "missing_state", f"{item['name']}: required state {', '.join(missing)} not present"
+
+
+def _index_problem(
+    path: str,
+    manifest: dict[str, Any],
+    f: dict[str, Any],
+    item: dict[str, Any],
+    report: dict[str, Any],
+    deep: bool,
+) -> Problem | None:
+    """The required state keys of a rank's (intact) index: as listed in the manifest, and
+    with ``deep`` as the index itself holds them and the data files it describes."""
+    rank = int(f["rank"])
+    missing_listed = [k for k in required_keys(rank) if k not in f.get("keys", [])]
+    if missing_listed:
+        return _missing_state(report, item, rank, missing_listed)
+    if deep:
+        try:
+            index = read_index(path, f, rank_files(manifest, rank)[1])
+        except CheckpointError as exc:
+            return exc.code, exc.reason
+        absent = [k for k in required_keys(rank) if k not in index["state"]]
+        if absent:
+            return _missing_state(report, item, rank, absent)
+    item["keys_ok"] = True
+    return None
+
+
+def verify(path: str, deep: bool = True) -> dict[str, Any]:
+    """Integrity report for a checkpoint directory (never raises for a bad checkpoint).
+
+    Checks, in order: manifest present and parsable; every listed file (index and data files
+    of every rank) present, of the listed size and sha256 (files hashed in parallel); each
+    rank has an index listing the required state keys; with ``deep`` each index is also
+    loaded, its keys checked and its data-file list matched against the manifest.
+    ``reason``/``reason_code`` describe the first failure.
+    """
+    t0 = time.perf_counter()
+    report: dict[str, Any] = {
+        "path": os.path.abspath(path),
+        "ok": False,
+        "reason": None,
+        "reason_code": None,
+        "step": None,
+        "world_size_at_save": None,
+        "files": [],
+        "state_keys": [],
+        "missing_state": [],
+        "bytes": 0,
+        "time_s": 0.0,
+    }
+    try:
+        manifest = load_manifest(path)
+    except CheckpointError as exc:
+        report.update(reason=exc.reason, reason_code=exc.code)
+        report["time_s"] = time.perf_counter() - t0
+        return report
+    report["step"] = manifest["step"]
+    report["world_size_at_save"] = manifest["world_size"]
+    report["state_keys"] = manifest["state_keys"]
+    report["async"] = manifest.get("async")
+    _file_items(path, manifest, report)
+    problems: list[Problem] = []
+    bad_ranks: set[int] = set()
+    pairs = list(zip(manifest["files"], report["files"], strict=True))
+    for f, item in pairs:
+        if not item["sha256_ok"]:
+            bad_ranks.add(int(f["rank"]))
+            problems.append(_file_problem(f, item))
+    ranks_listed: set[int] = set()
+    for f, item in pairs:
+        if item["role"] != "index":
+            continue
+        ranks_listed.add(int(f["rank"]))
+        if int(f["rank"]) not in bad_ranks:
+            problem = _index_problem(path, manifest, f, item, report, deep)
+            if problem is not None:
+                problems.append(problem)
+    expected_ranks = set(range(int(manifest["world_size"])))
+    if ranks_listed != expected_ranks:
+        gone = sorted(expected_ranks - ranks_listed)
+        problems.append(
+            (
+                "missing_file",
+                f"manifest lists no index file for rank(s) {gone} of world size "
+                f"{manifest['world_size']}",
+            )
+        )
+    if problems:
+        report["reason_code"], report["reason"] = problems[0]
+        report["problems"] = [{"code": c, "reason": r} for c, r in problems]
+    else:
+        report["ok"] = True
+    report["time_s"] = time.perf_counter() - t0
+    return report
+
+
+def resolve(run_dir: str | None, spec: str) -> tuple[str, list[str]]:
+    """Resolve ``--resume`` to a verified checkpoint path; returns (path, notes).
+
+    ``latest`` walks complete checkpoints newest first and falls back past bad ones (saying
+    so in the notes); an explicit path that fails verification raises CheckpointError.
+    """
+    notes: list[str] = []
+    if spec != "latest":
+        rep = verify(spec, deep=True)
+        if not rep["ok"]:
+            raise CheckpointError(rep["reason_code"], f"{spec}: {rep['reason']}")
+        return spec, notes
+    if not run_dir:
+        raise CheckpointError("missing_file", "--resume latest needs --run-dir")
+    root = os.path.join(run_dir, "checkpoints")
+    entries = list_checkpoints(root)
+    for e in reversed(entries):
+        name = os.path.basename(e.path)
+        if not e.complete:
+            notes.append(f"skipping {name}: no manifest.json (incomplete checkpoint)")
+            continue
+        rep = verify(e.path, deep=True)
+        if rep["ok"]:
+            if notes:
+                notes.append(f"falling back to {name}, the newest complete checkpoint")
+            return e.path, notes
+        notes.append(f"skipping {name}: {rep['reason']}")
+    raise CheckpointError(
+        "missing_manifest",
+        f"no complete checkpoint under {root}" + ("; " + "; ".join(notes) if notes else ""),
+    )
+
+
+def read_rank(path: str, rank: int = 0) -> dict[str, Any]:
+    """Convenience: the verified state of ``rank`` in the checkpoint at ``path``."""
+    return load_rank(path, load_manifest(path), rank)[0]
