@@ -5,7 +5,7 @@
 run:
 	scripts/run
 
-# Set up and run every check: ruff, mypy, pytest on SQLite and on PostgreSQL.
+# Set up and run every check: ruff, mypy, import contracts, pytest on SQLite and PostgreSQL.
 test:
 	scripts/test
 
@@ -14,7 +14,7 @@ faults:
 	scripts/faults
 
 lint:
-	.venv/bin/ruff check . && .venv/bin/ruff format --check . && .venv/bin/mypy
+	.venv/bin/ruff check . && .venv/bin/ruff format --check . && .venv/bin/mypy && .venv/bin/lint-imports
 
 format:
 	.venv/bin/ruff format . && .venv/bin/ruff check --fix .

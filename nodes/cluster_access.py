@@ -14,7 +14,8 @@ from django.conf import settings
 
 from nodes.models import Cluster
 from nodes.slurm.client import SlurmClient
-from nodes.slurm.transport import SshConfig, SshTransport, get_transport
+from nodes.slurm.connect import SshConfig
+from nodes.slurm.transport import SshTransport, get_transport
 
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 

@@ -25,8 +25,9 @@ from nodes.cluster_access import cluster_key_dir, slurm_client_for, write_privat
 from nodes.models import Cluster
 from nodes.slurm import errors as slurm_errors
 from nodes.slurm.errors import describe_cluster_error
+from nodes.slurm.hostkeys import HostKeyInfo, fetch_host_key
 from nodes.slurm.parsers import ClusterInfo
-from nodes.slurm.transport import HostKeyInfo, close_all, fetch_host_key
+from nodes.slurm.transport import close_all
 from nodes.sync import apply_partitions
 
 KEY_FILE_NAME = "id_key"

@@ -24,6 +24,8 @@ from jobs.validation import JobRequest, job_request_validate
 from nodes.models import Cluster
 from nodes.placement_service import placement_as_dict
 from studies.models import ScalingStudy, StudyPoint
+from trainer.config import ConfigError
+from trainer.config import validate as trainer_config_validate
 
 logger = logging.getLogger(__name__)
 
@@ -100,6 +102,65 @@ def _point_request(study: ScalingStudy, point: StudyPoint) -> JobRequest:
     )
 
 
+def _check_study_input(
+    *,
+    kind: str,
+    name: str,
+    scales: str | list[Any],
+    ranks_per_node: int,
+    gpus_per_rank: int,
+    measured_steps: int,
+    warmup_steps: int,
+) -> list[int]:
+    """Refuse, with the field and why, what no study can be; returns the rank counts."""
+    if kind not in ScalingStudy.Kind.values:
+        raise FieldError("kind", "strong or weak")
+    if not name.strip():
+        raise FieldError("name", "a name is required")
+    ranks_list = parse_scales(scales)
+    if ranks_per_node < 1:
+        raise FieldError("ranks_per_node", "at least 1")
+    if gpus_per_rank not in (0, 1):
+        raise FieldError("gpus_per_rank", "0 (CPU ranks) or 1")
+    if measured_steps < 1:
+        raise FieldError("measured_steps", "at least 1")
+    if warmup_steps < 0:
+        raise FieldError("warmup_steps", "cannot be negative")
+    return ranks_list
+
+
+def _study_batch_size(base: dict[str, Any], batch_size: int | None) -> int:
+    """The study's batch size: as given, else the trainer config's (preset) batch."""
+    if batch_size is None:
+        try:
+            batch_size = trainer_config_validate(base).batch_size
+        except ConfigError:
+            batch_size = 16
+    if batch_size < 1:
+        raise FieldError("batch_size", "at least 1")
+    return batch_size
+
+
+def _study_point(study: ScalingStudy, ranks: int) -> StudyPoint:
+    """One point of the study, checked against the cluster like a job would be."""
+    nodes, tasks = point_shape(ranks=ranks, ranks_per_node=study.ranks_per_node)
+    per_rank, global_batch = point_batches(
+        kind=study.kind, batch_size=study.batch_size, ranks=ranks
+    )
+    point = StudyPoint(
+        ranks=ranks,
+        nodes=nodes,
+        tasks_per_node=tasks,
+        per_rank_batch=per_rank,
+        global_batch=global_batch,
+    )
+    try:
+        job_request_validate(_point_request(study, point))
+    except FieldError as error:
+        raise FieldError(error.field, f"at {ranks} ranks: {error.why}") from None
+    return point
+
+
 def study_create(
     *,
     user: Any,
@@ -123,34 +184,21 @@ def study_create(
     and its points, and submit the first point after commit."""
     if not is_researcher(user):
         raise PermissionDenied("You need the researcher or operator role to run studies.")
-    if kind not in ScalingStudy.Kind.values:
-        raise FieldError("kind", "strong or weak")
-    name = name.strip()
-    if not name:
-        raise FieldError("name", "a name is required")
-    ranks_list = parse_scales(scales)
-    if ranks_per_node < 1:
-        raise FieldError("ranks_per_node", "at least 1")
-    if gpus_per_rank not in (0, 1):
-        raise FieldError("gpus_per_rank", "0 (CPU ranks) or 1")
-    if measured_steps < 1:
-        raise FieldError("measured_steps", "at least 1")
-    if warmup_steps < 0:
-        raise FieldError("warmup_steps", "cannot be negative")
+    ranks_list = _check_study_input(
+        kind=kind,
+        name=name,
+        scales=scales,
+        ranks_per_node=ranks_per_node,
+        gpus_per_rank=gpus_per_rank,
+        measured_steps=measured_steps,
+        warmup_steps=warmup_steps,
+    )
     base = {k: v for k, v in (config or {}).items() if k not in {"batch_size", "steps"}}
-    if batch_size is None:
-        from trainer.config import validate as trainer_config_validate
-
-        try:
-            batch_size = trainer_config_validate(base).batch_size
-        except Exception:
-            batch_size = 16
-    if batch_size < 1:
-        raise FieldError("batch_size", "at least 1")
+    batch_size = _study_batch_size(base, batch_size)
     study = ScalingStudy(
         owner=user,
         cluster=cluster,
-        name=name[:128],
+        name=name.strip()[:128],
         kind=kind,
         scales=ranks_list,
         config=base,
@@ -165,22 +213,7 @@ def study_create(
         use_placement=use_placement,
         target_requested=target_requested,
     )
-    points = []
-    for ranks in ranks_list:
-        nodes, tasks = point_shape(ranks=ranks, ranks_per_node=ranks_per_node)
-        per_rank, global_batch = point_batches(kind=kind, batch_size=batch_size, ranks=ranks)
-        point = StudyPoint(
-            ranks=ranks,
-            nodes=nodes,
-            tasks_per_node=tasks,
-            per_rank_batch=per_rank,
-            global_batch=global_batch,
-        )
-        try:
-            job_request_validate(_point_request(study, point))
-        except FieldError as error:
-            raise FieldError(error.field, f"at {ranks} ranks: {error.why}") from None
-        points.append(point)
+    points = [_study_point(study, ranks) for ranks in ranks_list]
     with transaction.atomic():
         study.save(force_insert=True)
         for point in points:

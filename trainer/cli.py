@@ -169,15 +169,16 @@ def main(argv: list[str] | None = None) -> int:
 def _write_infra_drill(args: argparse.Namespace, exc: BaseException) -> None:
     try:
         from .checkpoint import atomic_write_json
+        from .schema import DRILL_SCHEMA, Reason
 
         rank = int(os.environ.get("SLURM_PROCID", os.environ.get("RANK", "0")) or 0)
         if rank == 0:
             atomic_write_json(
                 args.out,
                 {
-                    "schema": "gantry-trainer-drill/1",
+                    "schema": DRILL_SCHEMA,
                     "verdict": "failed",
-                    "reason_code": "infrastructure_error",
+                    "reason_code": Reason.INFRASTRUCTURE_ERROR,
                     "reason": f"{type(exc).__name__}: {exc}",
                     "steps": [],
                     "ranks": [],

@@ -20,6 +20,7 @@ from . import dist
 from .config import Config
 from .data import IGNORE_INDEX, MarkovSource
 from .model import TinyGPT, flops_per_token, n_params
+from .schema import Reason
 
 
 def lr_lambda_for(cfg: Config):
@@ -208,13 +209,13 @@ class Session:
             missing = [k for k in ck.required_keys(rank) if k not in obj]
             if missing:
                 raise ck.CheckpointError(
-                    "missing_state",
+                    Reason.MISSING_STATE,
                     f"{names[0]}: required state {', '.join(missing)} missing",
                 )
             return obj
 
         if 0 not in ranks:
-            raise ck.CheckpointError("missing_file", "manifest lists no rank-0 index file")
+            raise ck.CheckpointError(Reason.MISSING_FILE, "manifest lists no rank-0 index file")
         # the weights are read straight into the parameters (load_state_dict then checks
         # keys/shapes and copies nothing); on failure the session is unusable anyway
         with torch.no_grad():
@@ -227,7 +228,7 @@ class Session:
         except (RuntimeError, ValueError, KeyError) as exc:
             msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise ck.CheckpointError(
-                "load_error", f"state does not fit this config/model: {msg}"
+                Reason.LOAD_ERROR, f"state does not fit this config/model: {msg}"
             ) from None
         mine = st0 if self.rank == 0 else (read(self.rank) if self.rank in ranks else None)
         if mine is not None:

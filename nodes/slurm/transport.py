@@ -9,10 +9,8 @@ permanent errors with a plain-words message.
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import errno
-import hashlib
 import logging
 import os
 import posixpath
@@ -25,19 +23,15 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import NamedTuple, NoReturn, TypeVar
+from typing import TypeVar
 
 import paramiko
 
+from nodes.slurm.connect import LINK_ERRORS, SshConfig, open_client
 from nodes.slurm.errors import (
-    HostKeyMismatch,
-    HostKeyUnknown,
     RemoteFileNotFound,
     SftpError,
-    SshAuthenticationError,
     SshCommandTimeout,
-    SshConfigurationError,
     SshError,
     SshTransientError,
     command_error,
@@ -46,24 +40,6 @@ from nodes.slurm.errors import (
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class SshConfig:
-    host: str
-    port: int
-    user: str
-    key_path: str
-    known_hosts_path: str
-    connect_timeout: float = 10
-    command_timeout: float = 60
-    keepalive: int = 15
-    # When set, the server key's SHA256 fingerprint must also equal it.
-    expected_fingerprint: str | None = None
-
-    @property
-    def endpoint(self) -> str:
-        return f"{self.user}@{self.host}:{self.port}"
 
 
 @dataclass(frozen=True)
@@ -84,56 +60,6 @@ class StatResult:
     @property
     def is_dir(self) -> bool:
         return stat_module.S_ISDIR(self.mode)
-
-
-class HostKeyInfo(NamedTuple):
-    key_type: str
-    fingerprint_sha256: str
-    known_hosts_line: str
-
-
-def fingerprint(key: paramiko.PKey) -> str:
-    """OpenSSH-style ``SHA256:<base64 without padding>`` fingerprint of a public key."""
-    digest = hashlib.sha256(key.asbytes()).digest()
-    return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
-
-
-def known_hosts_name(host: str, port: int) -> str:
-    return host if port == 22 else f"[{host}]:{port}"
-
-
-class _RejectUnknownHost(paramiko.RejectPolicy):
-    """RejectPolicy that says which key it refused, so an operator can compare it."""
-
-    def __init__(self, port: int) -> None:
-        self.port = port
-
-    def missing_host_key(
-        self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey
-    ) -> NoReturn:
-        seen = fingerprint(key)
-        host = hostname
-        if host.startswith("[") and "]:" in host:
-            host = host[1:].split("]:", 1)[0]
-        raise HostKeyUnknown(
-            f"host key of {hostname} is not pinned: the server offered {key.get_name()} {seen}; "
-            "add it to the cluster's known_hosts only after checking it out of band",
-            host=host,
-            port=self.port,
-            key_type=key.get_name(),
-            fingerprint_seen=seen,
-        )
-
-
-# Errors meaning "the link is gone or never came up": retry-worthy.
-_LINK_ERRORS = (
-    paramiko.SSHException,
-    EOFError,
-    ConnectionError,
-    socket.timeout,
-    TimeoutError,
-    OSError,
-)
 
 
 class SshTransport:
@@ -198,98 +124,9 @@ class SshTransport:
         return self._client
 
     def _open(self) -> paramiko.SSHClient:
-        config = self.config
-        where = config.endpoint
-        known_hosts = Path(config.known_hosts_path)
-        if not known_hosts.is_file():
-            raise SshConfigurationError(f"known_hosts file {known_hosts} does not exist")
-        try:
-            key = _load_private_key(config.key_path)
-        except SshError:
-            raise
-        client = paramiko.SSHClient()
-        try:
-            # Only our own pinned file: never the system's or the user's known_hosts.
-            client.load_host_keys(str(known_hosts))
-        except (OSError, paramiko.SSHException) as exc:
-            raise SshConfigurationError(
-                f"cannot read known_hosts file {known_hosts}: {exc}"
-            ) from exc
-        client.set_missing_host_key_policy(_RejectUnknownHost(config.port))
-        try:
-            client.connect(
-                config.host,
-                port=config.port,
-                username=config.user,
-                pkey=key,
-                look_for_keys=False,
-                allow_agent=False,
-                timeout=config.connect_timeout,
-                banner_timeout=config.connect_timeout,
-                auth_timeout=config.connect_timeout,
-                channel_timeout=config.connect_timeout,
-            )
-        except HostKeyUnknown:
-            client.close()
-            raise
-        except paramiko.BadHostKeyException as exc:
-            client.close()
-            seen = fingerprint(exc.key)
-            expected = fingerprint(exc.expected_key)
-            raise HostKeyMismatch(
-                f"host key of {where} CHANGED: the server offered {exc.key.get_name()} {seen}, "
-                f"but {expected} is pinned. Someone may be intercepting the connection, or the "
-                "host was reinstalled; re-pin only after checking out of band",
-                host=config.host,
-                port=config.port,
-                key_type=exc.key.get_name(),
-                fingerprint_seen=seen,
-                fingerprint_expected=expected,
-            ) from exc
-        except paramiko.AuthenticationException as exc:
-            client.close()
-            raise SshAuthenticationError(
-                f"{where} refused key authentication for user {config.user!r} "
-                f"with key {config.key_path}: {exc}"
-            ) from exc
-        except socket.gaierror as exc:
-            client.close()
-            raise SshConfigurationError(f"cannot resolve host {config.host!r}: {exc}") from exc
-        except paramiko.ssh_exception.NoValidConnectionsError as exc:
-            client.close()
-            raise SshTransientError(
-                f"cannot connect to {config.host}:{config.port}: connection refused "
-                "(is sshd running, is the port right?)"
-            ) from exc
-        except TimeoutError as exc:
-            client.close()
-            raise SshTransientError(
-                f"connecting to {config.host}:{config.port} timed out "
-                f"after {config.connect_timeout}s"
-            ) from exc
-        except _LINK_ERRORS as exc:
-            client.close()
-            raise SshTransientError(f"SSH connection to {where} failed: {exc}") from exc
-        transport = client.get_transport()
-        assert transport is not None
-        server_key = transport.get_remote_server_key()
-        seen = fingerprint(server_key)
-        if config.expected_fingerprint and seen != config.expected_fingerprint:
-            client.close()
-            raise HostKeyMismatch(
-                f"host key of {where} is {server_key.get_name()} {seen}, "
-                f"but the cluster record pins {config.expected_fingerprint}",
-                host=config.host,
-                port=config.port,
-                key_type=server_key.get_name(),
-                fingerprint_seen=seen,
-                fingerprint_expected=config.expected_fingerprint,
-            )
-        if config.keepalive:
-            transport.set_keepalive(int(config.keepalive))
+        client, seen = open_client(self.config)
         self.server_fingerprint = seen
         self.connections_opened += 1
-        logger.info("SSH connected to %s (host key %s)", where, seen)
         return client
 
     def _with_link(
@@ -304,7 +141,7 @@ class SshTransport:
                     return operation(client)
                 except SshError:
                     raise
-                except _LINK_ERRORS as exc:
+                except LINK_ERRORS as exc:
                     self._drop()
                     if attempt + 1 < attempts:
                         logger.info(
@@ -378,7 +215,7 @@ class SshTransport:
             rc, stdout, stderr = self._drive(channel, command, argv, stdin, limit)
         except SshError:
             raise
-        except _LINK_ERRORS as exc:
+        except LINK_ERRORS as exc:
             # The command may have run: never re-run it here (sbatch!), let the caller decide.
             with self._lock:
                 self._drop()
@@ -600,24 +437,6 @@ class SshTransport:
         self._sftp_call("remove", path, lambda sftp: sftp.remove(path))
 
 
-def _load_private_key(path: str) -> paramiko.PKey:
-    key_path = Path(path)
-    if not key_path.is_file():
-        raise SshConfigurationError(f"private key file {key_path} does not exist")
-    try:
-        return paramiko.PKey.from_path(key_path)
-    except paramiko.PasswordRequiredException as exc:
-        raise SshAuthenticationError(
-            f"private key {key_path} is encrypted; Gantry needs an unencrypted key"
-        ) from exc
-    except PermissionError as exc:
-        raise SshConfigurationError(
-            f"cannot read private key {key_path}: permission denied"
-        ) from exc
-    except (paramiko.SSHException, ValueError, OSError) as exc:
-        raise SshAuthenticationError(f"cannot load private key {key_path}: {exc}") from exc
-
-
 # ---------------------------------------------------------------- pool
 
 _pool: dict[SshConfig, SshTransport] = {}
@@ -656,40 +475,3 @@ def close_all() -> None:
         _pool.clear()
     for transport in transports:
         transport.close()
-
-
-# ---------------------------------------------------------------- host key discovery
-
-
-def fetch_host_key(
-    host: str,
-    port: int = 22,
-    timeout: float = 10,
-    *,
-    key_types: Sequence[str] | None = None,
-) -> HostKeyInfo:
-    """The server's host key, without authenticating: for "show and pin the host key".
-
-    Returns the key type, its OpenSSH SHA256 fingerprint and a known_hosts line.
-    The caller must show the fingerprint to a person to confirm before pinning.
-    """
-    try:
-        sock = socket.create_connection((host, port), timeout=timeout)
-    except socket.gaierror as exc:
-        raise SshConfigurationError(f"cannot resolve host {host!r}: {exc}") from exc
-    except (ConnectionError, TimeoutError, OSError) as exc:
-        raise SshTransientError(f"cannot connect to {host}:{port}: {exc}") from exc
-    transport = paramiko.Transport(sock)
-    try:
-        if key_types:
-            transport.get_security_options().key_types = tuple(key_types)
-        transport.banner_timeout = timeout
-        transport.start_client(timeout=timeout)
-        key = transport.get_remote_server_key()
-    except (paramiko.SSHException, EOFError, OSError) as exc:
-        raise SshTransientError(f"SSH handshake with {host}:{port} failed: {exc}") from exc
-    finally:
-        transport.close()
-        sock.close()
-    line = f"{known_hosts_name(host, port)} {key.get_name()} {key.get_base64()}"
-    return HostKeyInfo(key.get_name(), fingerprint(key), line)

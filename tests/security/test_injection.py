@@ -25,7 +25,8 @@ from django.test import Client
 from security_support import make_private_key_text
 
 from nodes.slurm import commands as slurm_commands
-from nodes.slurm.transport import SshConfig, SshTransport
+from nodes.slurm.connect import SshConfig
+from nodes.slurm.transport import SshTransport
 
 PAYLOADS = (
     ";touch {canary}",

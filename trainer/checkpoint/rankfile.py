@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from ..schema import Reason
 from .durable import blocks, io_pool, write_hashed
 from .layout import (
     DATA_CHUNK,
@@ -162,7 +163,7 @@ def _read_into(path: str, pieces: list[memoryview], size: int) -> str:
                     k = os.readv(fd, [mv[got:]])
                     if k == 0:
                         raise CheckpointError(
-                            "integrity_size_mismatch",
+                            Reason.INTEGRITY_SIZE_MISMATCH,
                             f"{os.path.basename(path)}: shorter than the manifest size "
                             f"{size} (truncated)",
                         )
@@ -171,7 +172,7 @@ def _read_into(path: str, pieces: list[memoryview], size: int) -> str:
                 n += got
         if n != size or os.read(fd, 1):
             raise CheckpointError(
-                "integrity_size_mismatch",
+                Reason.INTEGRITY_SIZE_MISMATCH,
                 f"{os.path.basename(path)}: size differs from the manifest size {size}",
             )
     finally:
@@ -184,7 +185,7 @@ def rank_files(manifest: dict[str, Any], rank: int) -> tuple[dict[str, Any], lis
     mine = [f for f in manifest["files"] if int(f["rank"]) == rank]
     index = [f for f in mine if f.get("role", "index") == "index"]
     if not index:
-        raise CheckpointError("missing_file", f"manifest lists no index file for rank {rank}")
+        raise CheckpointError(Reason.MISSING_FILE, f"manifest lists no index file for rank {rank}")
     return index[0], [f for f in mine if f.get("role") == "data"]
 
 
@@ -193,10 +194,10 @@ def _check_present(path: str, f: dict[str, Any]) -> None:
     try:
         actual = os.path.getsize(os.path.join(path, name))
     except FileNotFoundError:
-        raise CheckpointError("missing_file", f"{name}: file is missing") from None
+        raise CheckpointError(Reason.MISSING_FILE, f"{name}: file is missing") from None
     if actual != f["size"]:
         raise CheckpointError(
-            "integrity_size_mismatch",
+            Reason.INTEGRITY_SIZE_MISMATCH,
             f"{name}: size {actual} != manifest size {f['size']}"
             + (" (truncated)" if actual < f["size"] else ""),
         )
@@ -204,7 +205,7 @@ def _check_present(path: str, f: dict[str, Any]) -> None:
 
 def _hash_error(name: str, got: str, want: str) -> CheckpointError:
     return CheckpointError(
-        "integrity_hash_mismatch",
+        Reason.INTEGRITY_HASH_MISMATCH,
         f"{name}: sha256 {got[:16]}... != manifest {want[:16]}... (content corrupted)",
     )
 
@@ -248,14 +249,14 @@ def read_index(
             raise ValueError("data files do not add up to the data size")
     except Exception as exc:
         raise CheckpointError(
-            "load_error", f"{name}: cannot be loaded: {first_line(exc)}"
+            Reason.LOAD_ERROR, f"{name}: cannot be loaded: {first_line(exc)}"
         ) from None
     if data is not None:
         listed = [(x["name"], int(x["size"])) for x in data]
         described = [(x["name"], int(x["size"])) for x in files]
         if sorted(listed) != sorted(described):
             raise CheckpointError(
-                "load_error",
+                Reason.LOAD_ERROR,
                 f"{name}: describes data files {[n for n, _ in described]} but the manifest "
                 f"lists {[n for n, _ in listed]}",
             )
@@ -335,7 +336,7 @@ def load_rank(
             err = err or exc
             continue
         except OSError as exc:
-            err = err or CheckpointError("load_error", f"{name}: cannot be read: {exc}")
+            err = err or CheckpointError(Reason.LOAD_ERROR, f"{name}: cannot be read: {exc}")
             continue
         if got != want[name] and err is None:
             err = _hash_error(name, got, want[name])

@@ -7,6 +7,7 @@ import os
 import time
 from typing import Any
 
+from ..schema import Reason
 from .durable import sha256_files
 from .layout import FORMAT, MANIFEST, CheckpointError, first_line, required_keys
 from .listing import list_checkpoints
@@ -16,22 +17,22 @@ from .rankfile import load_rank, rank_files, read_index
 def load_manifest(path: str) -> dict[str, Any]:
     mpath = os.path.join(path, MANIFEST)
     if not os.path.isdir(path):
-        raise CheckpointError("missing_file", f"{path}: no such checkpoint directory")
+        raise CheckpointError(Reason.MISSING_FILE, f"{path}: no such checkpoint directory")
     if not os.path.isfile(mpath):
         raise CheckpointError(
-            "missing_manifest",
+            Reason.MISSING_MANIFEST,
             f"{os.path.basename(path)}: no manifest.json (incomplete checkpoint)",
         )
     try:
         with open(mpath, encoding="utf-8") as fh:
             manifest = json.load(fh)
     except (OSError, json.JSONDecodeError) as exc:
-        raise CheckpointError("load_error", f"manifest.json unreadable: {exc}") from None
+        raise CheckpointError(Reason.LOAD_ERROR, f"manifest.json unreadable: {exc}") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise CheckpointError("load_error", f"manifest.json is not a {FORMAT} manifest")
+        raise CheckpointError(Reason.LOAD_ERROR, f"manifest.json is not a {FORMAT} manifest")
     for key in ("step", "world_size", "files", "state_keys", "config"):
         if key not in manifest:
-            raise CheckpointError("load_error", f"manifest.json lacks {key!r}")
+            raise CheckpointError(Reason.LOAD_ERROR, f"manifest.json lacks {key!r}")
     return manifest
 
 
@@ -76,15 +77,18 @@ def _file_items(path: str, manifest: dict[str, Any], report: dict[str, Any]) -> 
 def _file_problem(f: dict[str, Any], item: dict[str, Any]) -> Problem:
     name = f["name"]
     if not item["exists"]:
-        return "missing_file", f"{name}: file is missing"
+        return Reason.MISSING_FILE, f"{name}: file is missing"
     if not item["size_ok"]:
         actual, size = item["actual_size"], f["size"]
         trunc = " (truncated)" if actual < size else ""
-        return "integrity_size_mismatch", f"{name}: size {actual} != manifest size {size}{trunc}"
+        return (
+            Reason.INTEGRITY_SIZE_MISMATCH,
+            f"{name}: size {actual} != manifest size {size}{trunc}",
+        )
     if "error" in item:
-        return "load_error", f"{name}: cannot be read: {item['error']}"
+        return Reason.LOAD_ERROR, f"{name}: cannot be read: {item['error']}"
     return (
-        "integrity_hash_mismatch",
+        Reason.INTEGRITY_HASH_MISMATCH,
         f"{name}: sha256 {item['actual_sha256'][:16]}... != manifest "
         f"{f['sha256'][:16]}... (content corrupted)",
     )
@@ -95,7 +99,7 @@ def _missing_state(
 ) -> Problem:
     item["keys_ok"] = False
     report["missing_state"] += [f"{k} (rank {rank})" for k in missing]
-    return "missing_state", f"{item['name']}: required state {', '.join(missing)} not present"
+    return Reason.MISSING_STATE, f"{item['name']}: required state {', '.join(missing)} not present"
 
 
 def _index_problem(
@@ -179,7 +183,7 @@ def verify(path: str, deep: bool = True) -> dict[str, Any]:
         gone = sorted(expected_ranks - ranks_listed)
         problems.append(
             (
-                "missing_file",
+                Reason.MISSING_FILE,
                 f"manifest lists no index file for rank(s) {gone} of world size "
                 f"{manifest['world_size']}",
             )
@@ -206,7 +210,7 @@ def resolve(run_dir: str | None, spec: str) -> tuple[str, list[str]]:
             raise CheckpointError(rep["reason_code"], f"{spec}: {rep['reason']}")
         return spec, notes
     if not run_dir:
-        raise CheckpointError("missing_file", "--resume latest needs --run-dir")
+        raise CheckpointError(Reason.MISSING_FILE, "--resume latest needs --run-dir")
     root = os.path.join(run_dir, "checkpoints")
     entries = list_checkpoints(root)
     for e in reversed(entries):
@@ -221,7 +225,7 @@ def resolve(run_dir: str | None, spec: str) -> tuple[str, list[str]]:
             return e.path, notes
         notes.append(f"skipping {name}: {rep['reason']}")
     raise CheckpointError(
-        "missing_manifest",
+        Reason.MISSING_MANIFEST,
         f"no complete checkpoint under {root}" + ("; " + "; ".join(notes) if notes else ""),
     )
 

@@ -60,7 +60,7 @@ def devcluster() -> Any:
 
 @pytest.fixture(scope="module")
 def ssh_config(devcluster: Any) -> Any:
-    from nodes.slurm.transport import SshConfig
+    from nodes.slurm.connect import SshConfig
 
     return SshConfig(
         host=devcluster.host,

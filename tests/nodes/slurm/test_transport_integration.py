@@ -24,7 +24,8 @@ from nodes.slurm.errors import (
     SshCommandTimeout,
     SshTransientError,
 )
-from nodes.slurm.transport import SshTransport, close_all, fetch_host_key, get_transport
+from nodes.slurm.hostkeys import fetch_host_key
+from nodes.slurm.transport import SshTransport, close_all, get_transport
 
 pytestmark = pytest.mark.integration
 

@@ -110,9 +110,7 @@ def test_audit_log_cannot_be_edited(
     from core.models import AuditEvent
 
     event = AuditEvent.objects.get()
-    page = client.get(
-        reverse("admin:core_auditevent_change", args=[event.pk])
-    ).content.decode()
+    page = client.get(reverse("admin:core_auditevent_change", args=[event.pk])).content.decode()
     assert 'name="action"' not in page
     assert client.get(reverse("admin:core_auditevent_add")).status_code == 403
     assert (

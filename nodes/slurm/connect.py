@@ -1,0 +1,154 @@
+"""How Gantry connects to a cluster's login node: the settings, a client that trusts only
+the pinned host key, key authentication, and connection failures in plain words."""
+
+from __future__ import annotations
+
+import logging
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+import paramiko
+
+from nodes.slurm.errors import (
+    HostKeyMismatch,
+    HostKeyUnknown,
+    SshAuthenticationError,
+    SshConfigurationError,
+    SshError,
+    SshTransientError,
+)
+from nodes.slurm.hostkeys import RejectUnknownHost, fingerprint, load_private_key
+
+logger = logging.getLogger(__name__)
+
+# Errors meaning "the link is gone or never came up": retry-worthy.
+LINK_ERRORS = (
+    paramiko.SSHException,
+    EOFError,
+    ConnectionError,
+    socket.timeout,
+    TimeoutError,
+    OSError,
+)
+
+
+@dataclass(frozen=True)
+class SshConfig:
+    host: str
+    port: int
+    user: str
+    key_path: str
+    known_hosts_path: str
+    connect_timeout: float = 10
+    command_timeout: float = 60
+    keepalive: int = 15
+    # When set, the server key's SHA256 fingerprint must also equal it.
+    expected_fingerprint: str | None = None
+
+    @property
+    def endpoint(self) -> str:
+        return f"{self.user}@{self.host}:{self.port}"
+
+
+def open_client(config: SshConfig) -> tuple[paramiko.SSHClient, str]:
+    """A new authenticated connection whose host key is the pinned one, and that key's
+    fingerprint."""
+    key = load_private_key(config.key_path)
+    client = _client_with_pinned_keys(config)
+    try:
+        client.connect(
+            config.host,
+            port=config.port,
+            username=config.user,
+            pkey=key,
+            look_for_keys=False,
+            allow_agent=False,
+            timeout=config.connect_timeout,
+            banner_timeout=config.connect_timeout,
+            auth_timeout=config.connect_timeout,
+            channel_timeout=config.connect_timeout,
+        )
+    except HostKeyUnknown:
+        client.close()
+        raise
+    except Exception as exc:
+        client.close()
+        raise _connect_error(config, exc) from exc
+    transport = client.get_transport()
+    assert transport is not None
+    seen = _check_expected_fingerprint(config, client, transport.get_remote_server_key())
+    if config.keepalive:
+        transport.set_keepalive(int(config.keepalive))
+    logger.info("SSH connected to %s (host key %s)", config.endpoint, seen)
+    return client, seen
+
+
+def _client_with_pinned_keys(config: SshConfig) -> paramiko.SSHClient:
+    known_hosts = Path(config.known_hosts_path)
+    if not known_hosts.is_file():
+        raise SshConfigurationError(f"known_hosts file {known_hosts} does not exist")
+    client = paramiko.SSHClient()
+    try:
+        # Only our own pinned file: never the system's or the user's known_hosts.
+        client.load_host_keys(str(known_hosts))
+    except (OSError, paramiko.SSHException) as exc:
+        raise SshConfigurationError(f"cannot read known_hosts file {known_hosts}: {exc}") from exc
+    client.set_missing_host_key_policy(RejectUnknownHost(config.port))
+    return client
+
+
+def _connect_error(config: SshConfig, exc: BaseException) -> SshError:
+    """What a failed ``connect`` means, as one of our errors, in plain words."""
+    where = config.endpoint
+    if isinstance(exc, paramiko.BadHostKeyException):
+        seen = fingerprint(exc.key)
+        expected = fingerprint(exc.expected_key)
+        return HostKeyMismatch(
+            f"host key of {where} CHANGED: the server offered {exc.key.get_name()} {seen}, "
+            f"but {expected} is pinned. Someone may be intercepting the connection, or the "
+            "host was reinstalled; re-pin only after checking out of band",
+            host=config.host,
+            port=config.port,
+            key_type=exc.key.get_name(),
+            fingerprint_seen=seen,
+            fingerprint_expected=expected,
+        )
+    if isinstance(exc, paramiko.AuthenticationException):
+        return SshAuthenticationError(
+            f"{where} refused key authentication for user {config.user!r} "
+            f"with key {config.key_path}: {exc}"
+        )
+    if isinstance(exc, socket.gaierror):
+        return SshConfigurationError(f"cannot resolve host {config.host!r}: {exc}")
+    if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError):
+        return SshTransientError(
+            f"cannot connect to {config.host}:{config.port}: connection refused "
+            "(is sshd running, is the port right?)"
+        )
+    if isinstance(exc, TimeoutError):
+        return SshTransientError(
+            f"connecting to {config.host}:{config.port} timed out after {config.connect_timeout}s"
+        )
+    if isinstance(exc, LINK_ERRORS):
+        return SshTransientError(f"SSH connection to {where} failed: {exc}")
+    raise exc
+
+
+def _check_expected_fingerprint(
+    config: SshConfig, client: paramiko.SSHClient, server_key: paramiko.PKey
+) -> str:
+    """The server key must be the one the cluster record pins (when it pins one)."""
+    seen = fingerprint(server_key)
+    if config.expected_fingerprint and seen != config.expected_fingerprint:
+        client.close()
+        raise HostKeyMismatch(
+            f"host key of {config.endpoint} is {server_key.get_name()} {seen}, "
+            f"but the cluster record pins {config.expected_fingerprint}",
+            host=config.host,
+            port=config.port,
+            key_type=server_key.get_name(),
+            fingerprint_seen=seen,
+            fingerprint_expected=config.expected_fingerprint,
+        )
+    return seen

@@ -1,0 +1,62 @@
+"""Moving models between apps (AuditEvent to core, RestoreDrill and DrillPolicy to drills)
+keeps every row of a migrated database, and the permissions granted on them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.db import connection
+from django.db.migrations.executor import MigrationExecutor
+
+# The last migrations before the move, per app.
+BEFORE = [
+    ("controlplane", "0002_roles"),
+    ("jobs", "0003_job_throughput_now"),
+    ("nodes", "0001_initial"),
+    ("studies", "0001_initial"),
+]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_rows_survive_the_move_between_apps() -> None:
+    executor = MigrationExecutor(connection)
+    leaves = executor.loader.graph.leaf_nodes()
+    executor.migrate(BEFORE)
+    old: Any = executor.loader.project_state(BEFORE).apps
+    user = old.get_model("auth", "User").objects.create(username="mover")
+    cluster = old.get_model("nodes", "Cluster").objects.create(
+        name="c1", ssh_host="h", ssh_user="u", workdir="/w", python="/p"
+    )
+    job = old.get_model("jobs", "Job").objects.create(
+        owner=user, cluster=cluster, name="j", partition="batch"
+    )
+    checkpoint = old.get_model("jobs", "Checkpoint").objects.create(job=job, step=5, path="/c")
+    drill = old.get_model("jobs", "RestoreDrill").objects.create(
+        checkpoint=checkpoint,
+        cluster=cluster,
+        allocation_key="k",
+        state="finished",
+        verdict="passed",
+    )
+    old.get_model("jobs", "DrillPolicy").objects.create(cluster=cluster, enabled=True)
+    old.get_model("controlplane", "AuditEvent").objects.create(
+        actor=user, actor_name="mover", action="drill.start", target_id=str(drill.pk)
+    )
+
+    executor = MigrationExecutor(connection)
+    executor.migrate(leaves)
+    new: Any = executor.loader.project_state(leaves).apps
+    moved = new.get_model("drills", "RestoreDrill").objects.get()
+    assert (str(moved.pk), moved.verdict, moved.checkpoint.step) == (str(drill.pk), "passed", 5)
+    assert new.get_model("drills", "DrillPolicy").objects.get().enabled
+    assert new.get_model("core", "AuditEvent").objects.get().action == "drill.start"
+    permission = new.get_model("auth", "Permission")
+    researchers = new.get_model("auth", "Group").objects.get(name="researchers")
+    assert permission.objects.filter(
+        group=researchers, content_type__app_label="drills", codename="add_restoredrill"
+    ).exists()
+    operators = new.get_model("auth", "Group").objects.get(name="operators")
+    assert permission.objects.filter(
+        group=operators, content_type__app_label="core", codename="view_auditevent"
+    ).exists()
