@@ -30,7 +30,12 @@ def _overview_context(request: HttpRequest) -> dict[str, object]:
         "cluster_health": cluster_health_list(),
         "running_count": jobs.filter(state=Job.State.RUNNING).count(),
         "pending_count": jobs.filter(
-            state__in=[Job.State.QUEUED, Job.State.SUBMITTING, Job.State.PENDING]
+            state__in=[
+                Job.State.QUEUED,
+                Job.State.SUBMITTING,
+                Job.State.SUBMIT_UNKNOWN,
+                Job.State.PENDING,
+            ]
         ).count(),
         "recent_failures": list(
             jobs.filter(state__in=[Job.State.FAILED, Job.State.NODE_FAIL, Job.State.LOST]).order_by(

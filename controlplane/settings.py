@@ -211,6 +211,12 @@ RECONCILE_INTERVAL_SECONDS = envint("GANTRY_RECONCILE_INTERVAL", 5, minimum=1)
 SUBMIT_LEASE_SECONDS = envint("GANTRY_SUBMIT_LEASE", 120, minimum=5)
 SUBMIT_REQUEUE_AFTER_SECONDS = envint("GANTRY_SUBMIT_REQUEUE_AFTER", 60, minimum=5)
 JOB_LOST_AFTER_SECONDS = envint("GANTRY_JOB_LOST_AFTER", 600, minimum=30)
+# An sbatch whose answer never came back may still land: Slurm's own submit retries can
+# take about 4-5 minutes (sbatch retries "temporarily unable to accept job" 15 times,
+# sleeping 1..15 s, each try waiting MessageTimeout). Absence is proven only after this.
+SUBMIT_UNKNOWN_GRACE_SECONDS = envint("GANTRY_SUBMIT_UNKNOWN_GRACE", 330, minimum=1)
+# How long after an sbatch the watcher still looks for extra Slurm jobs carrying its tag.
+DUPLICATE_WATCH_SECONDS = envint("GANTRY_DUPLICATE_WATCH", 900, minimum=60)
 DRILL_DEFAULT_STEPS = envint("GANTRY_DRILL_DEFAULT_STEPS", 5, minimum=1, maximum=10000)
 DRILL_SUBMIT_RETRIES = envint("GANTRY_DRILL_SUBMIT_RETRIES", 6, minimum=0, maximum=50)
 

@@ -25,10 +25,11 @@ class AuditAction(models.TextChoices):
     JOB_SUBMIT = "job.submit"
     JOB_RESUME = "job.resume"
     JOB_CANCEL = "job.cancel"
-    JOB_CHANGE = "job.change"
+    JOB_DELETE = "job.delete"
     CHECKPOINT_VERIFY = "checkpoint.verify"
     DRILL_START = "drill.start"
     DRILL_CANCEL = "drill.cancel"
+    DRILL_DELETE = "drill.delete"
     DRILL_POLICY_UPDATE = "drill_policy.update"
     STUDY_CREATE = "study.create"
 

@@ -3,12 +3,15 @@ and each checkpoint's drills inline on its admin page."""
 
 from __future__ import annotations
 
-from django.contrib import admin
+from django.contrib import admin, messages
+from django.db.models import QuerySet
 from django.http import HttpRequest
 
-from core.admin_helpers import admin_link
+from core.admin_helpers import ServiceDeleteMixin, admin_link
+from core.errors import ApplicationError
 from drills.models import DrillPolicy, RestoreDrill
 from drills.policies import drill_policy_update
+from drills.services import restore_drill_cancel, restore_drill_delete
 from jobs.admin import CheckpointAdmin
 from jobs.models import Checkpoint
 
@@ -40,7 +43,12 @@ class CheckpointWithDrillsAdmin(CheckpointAdmin):
 
 
 @admin.register(RestoreDrill)
-class RestoreDrillAdmin(admin.ModelAdmin):
+class RestoreDrillAdmin(ServiceDeleteMixin, admin.ModelAdmin):
+    """Read-only; cancel through the service; only finished drills may be deleted."""
+
+    delete_service = staticmethod(restore_drill_delete)
+    delete_argument = "drill"
+    actions = ["cancel_drills"]
     list_display = [
         "short_id",
         "checkpoint_link",
@@ -82,6 +90,23 @@ class RestoreDrillAdmin(admin.ModelAdmin):
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 
+    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: RestoreDrill | None = None) -> bool:
+        if obj is not None and not obj.is_final:
+            return False
+        return super().has_delete_permission(request, obj)
+
+    @admin.action(description="Cancel the selected drills (scancel; audited)")
+    def cancel_drills(self, request: HttpRequest, queryset: QuerySet[RestoreDrill]) -> None:
+        for drill in queryset:
+            try:
+                outcome = restore_drill_cancel(actor=request.user, drill=drill)
+                self.message_user(request, f"{drill}: {outcome}")
+            except ApplicationError as error:
+                self.message_user(request, f"{drill}: {error.message}", level=messages.ERROR)
+
     @admin.display(description="id")
     def short_id(self, obj: RestoreDrill) -> str:
         return str(obj.id)[:8]
@@ -109,6 +134,10 @@ class DrillPolicyAdmin(admin.ModelAdmin):
     ]
     list_filter = ["enabled", "drill_final_checkpoint"]
     readonly_fields = ["updated_at", "updated_by", "final_since"]
+
+    def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        # Switch a policy off instead: the change is then validated and audited.
+        return False
 
     def save_model(
         self, request: HttpRequest, obj: DrillPolicy, form: object, change: bool

@@ -69,6 +69,10 @@ class DrillLifecycle(SlurmLifecycle[RestoreDrill]):
     def for_submit(self) -> QuerySet[RestoreDrill]:
         return RestoreDrill.objects.select_related("cluster", "checkpoint__job__cluster")
 
+    def run_directory(self, obj: RestoreDrill) -> str:
+        job = obj.checkpoint.job
+        return drill_dir(job.cluster.workdir, str(job.id), str(obj.id))
+
     def prepare(self, obj: RestoreDrill, transport: SshTransport) -> str:
         cluster = obj.checkpoint.job.cluster
         trainer_path = trainer_ensure_uploaded(transport, cluster.workdir)
@@ -198,8 +202,7 @@ def _started_values(drill: RestoreDrill, started: datetime) -> dict[str, Any]:
 
 
 def _read_report(drill: RestoreDrill, transport: SshTransport) -> Any:
-    job = drill.checkpoint.job
-    path = f"{drill_dir(job.cluster.workdir, str(job.id), str(drill.id))}/drill.json"
+    path = f"{DRILLS.run_directory(drill)}/drill.json"
     try:
         return json.loads(transport.get_bytes(path))
     except (slurm_errors.RemoteFileNotFound, ValueError):

@@ -23,6 +23,7 @@ class RestoreDrill(SlurmTracked):
     class State(models.TextChoices):
         QUEUED = "queued"
         SUBMITTING = "submitting"
+        SUBMIT_UNKNOWN = "submit_unknown", "sbatch outcome unknown"
         PENDING = "pending"
         RUNNING = "running"
         FINISHED = "finished"
@@ -38,7 +39,9 @@ class RestoreDrill(SlurmTracked):
         POLICY_RUNNING = "policy_running", "policy: newest checkpoint of a running job"
         POLICY_FINAL = "policy_final", "policy: final checkpoint of a completed job"
 
-    ACTIVE_STATES = frozenset({State.QUEUED, State.SUBMITTING, State.PENDING, State.RUNNING})
+    ACTIVE_STATES = frozenset(
+        {State.QUEUED, State.SUBMITTING, State.SUBMIT_UNKNOWN, State.PENDING, State.RUNNING}
+    )
     FINAL_STATES = frozenset({State.FINISHED, State.CANCELLED})
     SLURM_ACTIVE_STATES = frozenset({State.PENDING, State.RUNNING})
 
@@ -82,7 +85,9 @@ class RestoreDrill(SlurmTracked):
             # One drill at a time per checkpoint and allocation: a second one is refused.
             models.UniqueConstraint(
                 fields=["checkpoint", "allocation_key"],
-                condition=Q(state__in=["queued", "submitting", "pending", "running"]),
+                condition=Q(
+                    state__in=["queued", "submitting", "submit_unknown", "pending", "running"]
+                ),
                 name="drill_one_active_per_checkpoint_allocation",
             ),
             models.CheckConstraint(

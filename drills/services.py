@@ -11,6 +11,7 @@ import json
 from typing import Any
 
 from django.conf import settings
+from django.core.exceptions import PermissionDenied
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
@@ -18,6 +19,7 @@ from controlplane.tasknames import CHECKPOINT_VERIFY, task_send
 from core.access import require_can_act
 from core.audit import AuditAction, audit_event_record
 from core.errors import ConflictError, FieldError
+from core.roles import is_operator
 from drills.lifecycle import DRILLS
 from drills.models import RestoreDrill
 from jobs.models import Checkpoint, Job, MetricPoint
@@ -173,6 +175,24 @@ def restore_drill_cancel(*, actor: Any, drill: RestoreDrill) -> str:
         audit_event_record(actor=actor, action=AuditAction.DRILL_CANCEL, target=cancelled)
 
     return DRILLS.cancel(drill, by=actor.get_username(), audit=audit)
+
+
+def restore_drill_delete(*, actor: Any, drill: RestoreDrill) -> None:
+    """Delete a finished drill's record (operators only), audited; an active one is
+    cancelled instead, so no Slurm job is left untracked."""
+    if not is_operator(actor):
+        raise PermissionDenied("Only operators may delete drills.")
+    drill.refresh_from_db()
+    if not drill.is_final:
+        raise FieldError("drill", f"it is {drill.state}; cancel it first")
+    with transaction.atomic():
+        audit_event_record(
+            actor=actor,
+            action=AuditAction.DRILL_DELETE,
+            target=drill,
+            details={"verdict": drill.verdict, "checkpoint": drill.checkpoint_id},
+        )
+        drill.delete()
 
 
 def checkpoint_verify(*, checkpoint_id: int) -> Checkpoint:

@@ -1,10 +1,13 @@
 from __future__ import annotations
 
-from django.contrib import admin
+from django.contrib import admin, messages
+from django.db.models import QuerySet
 from django.http import HttpRequest
 
-from core.admin_helpers import admin_changelist_link, admin_link
+from core.admin_helpers import ServiceDeleteMixin, admin_changelist_link, admin_link
+from core.errors import ApplicationError
 from jobs.models import Checkpoint, Job, JobEvent, MetricPoint
+from jobs.services import job_cancel, job_delete
 
 # What Slurm and the trainer own: shown, never edited by hand.
 JOB_OBSERVED_FIELDS = [
@@ -61,7 +64,13 @@ class CheckpointInline(admin.TabularInline):
 
 
 @admin.register(Job)
-class JobAdmin(admin.ModelAdmin):
+class JobAdmin(ServiceDeleteMixin, admin.ModelAdmin):
+    """Read-only: a job is changed only through the services (submit, cancel, resume), which
+    validate, audit and act on Slurm. Deleting is for jobs that never reached Slurm."""
+
+    delete_service = staticmethod(job_delete)
+    delete_argument = "job"
+    actions = ["cancel_jobs"]
     list_display = [
         "name",
         "short_id",
@@ -138,6 +147,23 @@ class JobAdmin(admin.ModelAdmin):
         # Jobs are submitted through the form or the API, which validate and submit them.
         return False
 
+    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Job | None = None) -> bool:
+        if obj is not None and (obj.slurm_job_id or not obj.is_final):
+            return False
+        return super().has_delete_permission(request, obj)
+
+    @admin.action(description="Cancel the selected jobs (scancel; audited)")
+    def cancel_jobs(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
+        for job in queryset:
+            try:
+                outcome = job_cancel(actor=request.user, job=job)
+                self.message_user(request, f"{job}: {outcome}")
+            except ApplicationError as error:
+                self.message_user(request, f"{job}: {error.message}", level=messages.ERROR)
+
     @admin.display(description="id")
     def short_id(self, obj: Job) -> str:
         return str(obj.id)[:8]
@@ -181,6 +207,9 @@ class JobEventAdmin(admin.ModelAdmin):
     def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
         return False
 
+    def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
     @admin.display(description="job")
     def job_link(self, obj: JobEvent) -> str:
         return admin_link(obj.job)
@@ -217,6 +246,12 @@ class MetricPointAdmin(admin.ModelAdmin):
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 
+    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
 
 @admin.register(Checkpoint)
 class CheckpointAdmin(admin.ModelAdmin):
@@ -251,6 +286,13 @@ class CheckpointAdmin(admin.ModelAdmin):
     ]
 
     def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        # Checkpoint records are the history of what a job wrote and what drills proved.
         return False
 
     @admin.display(description="job")

@@ -63,6 +63,12 @@ class JobLifecycle(SlurmLifecycle[Job]):
     def for_submit(self) -> QuerySet[Job]:
         return Job.objects.select_related("cluster", "resume_from")
 
+    def run_directory(self, obj: Job) -> str:
+        return run_dir(obj.cluster.workdir, str(obj.id))
+
+    def cancel_was_requested(self, obj: Job) -> bool:
+        return JobEvent.objects.filter(job_id=obj.id, kind="cancel").exists()
+
     def record(
         self, obj: Job, kind: str, *, from_state: str = "", to_state: str = "", message: str = ""
     ) -> None:
@@ -76,7 +82,7 @@ class JobLifecycle(SlurmLifecycle[Job]):
 
     def prepare(self, obj: Job, transport: SshTransport) -> str:
         cluster = obj.cluster
-        directory = run_dir(cluster.workdir, str(obj.id))
+        directory = self.run_directory(obj)
         trainer_path = trainer_ensure_uploaded(transport, cluster.workdir)
         transport.makedirs(directory)
         transport.put_bytes(f"{directory}/config.json", json.dumps(obj.config, indent=2).encode())

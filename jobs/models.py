@@ -29,6 +29,10 @@ class SlurmTracked(models.Model):
     submit_attempts = models.PositiveSmallIntegerField(default=0)
     # While a submit task holds the object, no other may start submitting it.
     submit_lease_until = models.DateTimeField(null=True, blank=True)
+    # When the last sbatch for it was sent. Set before the command goes out: if the worker
+    # dies or the answer is lost, the outcome is unknown and no second sbatch may follow
+    # until a Slurm job with the tag is found (adopted) or proven absent.
+    sbatch_sent_at = models.DateTimeField(null=True, blank=True)
     last_seen_in_slurm_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     submitted_at = models.DateTimeField(null=True, blank=True)
@@ -54,6 +58,7 @@ class Job(SlurmTracked):
         DRAFT = "draft"
         QUEUED = "queued", "queued in Gantry"
         SUBMITTING = "submitting"
+        SUBMIT_UNKNOWN = "submit_unknown", "sbatch outcome unknown"
         PENDING = "pending", "pending in Slurm"
         RUNNING = "running"
         COMPLETING = "completing"

@@ -6,6 +6,7 @@ preview shows is byte for byte the script that runs.
 
 from __future__ import annotations
 
+import re
 import shlex
 import threading
 from dataclasses import dataclass
@@ -54,9 +55,22 @@ class ScriptSpec:
     environment: tuple[tuple[str, str], ...] = ()
 
 
+# Environment names the script exports; anything else never reaches a shell.
+ENV_NAME = re.compile(r"[A-Z_][A-Z0-9_]{0,63}")
+
+
 def render_sbatch(spec: ScriptSpec) -> str:
-    """The job script. Resources are #SBATCH lines so the file on the cluster tells all."""
+    """The job script. Resources are #SBATCH lines so the file on the cluster tells all.
+
+    It records how it ended (``gantry-exit-<slurm id>.json`` in the run directory: exit
+    code, and ``TERM`` when Slurm stopped it), so a cluster without accounting still tells
+    Gantry how each job finished.
+    """
     quote = shlex.quote
+    for name, _ in spec.environment:
+        # Validated on the way in; checked again here, where a name meets the shell.
+        if not ENV_NAME.fullmatch(name):
+            raise ValueError(f"environment variable name {name!r} is not allowed")
     lines = [
         "#!/bin/bash",
         f"# Gantry job {spec.job_id}: {spec.job_name.replace(chr(10), ' ')}",
@@ -84,6 +98,21 @@ def render_sbatch(spec: ScriptSpec) -> str:
     lines += [
         "",
         "set -euo pipefail",
+        f"gantry_run={quote(spec.run_dir)}",
+        "gantry_signal=null",
+        "# Record how the script ended (any exit), without changing its exit status.",
+        "gantry_exit() {",
+        "  rc=$?",
+        "  set +e",
+        '  { printf \'{"slurm_job_id": "%s", "exit_code": %d, "signal": %s, '
+        '"ended": %s}\\n\' "$SLURM_JOB_ID" "$rc" "$gantry_signal" "$(date +%s)" '
+        '> "$gantry_run/.gantry-exit.tmp" '
+        '&& mv -f "$gantry_run/.gantry-exit.tmp" "$gantry_run/gantry-exit-$SLURM_JOB_ID.json"; '
+        "} 2>/dev/null",
+        '  exit "$rc"',
+        "}",
+        "trap gantry_exit EXIT",
+        'trap \'gantry_signal="\\"TERM\\""; exit 143\' TERM',
         f"export PYTHONPATH={quote(spec.trainer_dir)}${{PYTHONPATH:+:$PYTHONPATH}}",
         "export PYTHONUNBUFFERED=1",
         *(f"export {name}={quote(value)}" for name, value in spec.environment),

@@ -16,7 +16,7 @@ from django.db import transaction
 from core.access import require_can_act
 from core.audit import AuditAction, audit_event_record
 from core.errors import FieldError
-from core.roles import is_researcher
+from core.roles import is_operator, is_researcher
 from jobs.job_lifecycle import JOBS, job_event
 from jobs.lifecycle import slurm_error_as_application_error
 from jobs.models import Checkpoint, Job
@@ -128,6 +128,28 @@ def job_cancel(*, actor: Any, job: Job) -> str:
         )
 
     return JOBS.cancel(job, by=actor.get_username(), audit=audit)
+
+
+def job_delete(*, actor: Any, job: Job) -> None:
+    """Delete a job's record (operators only), audited. Refused for a job that has, or may
+    still get, a Slurm job: its record is what keeps that Slurm job tracked."""
+    if not is_operator(actor):
+        raise PermissionDenied("Only operators may delete jobs.")
+    job.refresh_from_db()
+    if job.slurm_job_id:
+        raise FieldError(
+            "job", f"it has Slurm job {job.slurm_job_id}; cancel it instead (its record stays)"
+        )
+    if not job.is_final or job.sbatch_sent_at is not None:
+        raise FieldError("job", f"it is {job.state}; only a job that never reached Slurm can go")
+    with transaction.atomic():
+        audit_event_record(
+            actor=actor,
+            action=AuditAction.JOB_DELETE,
+            target=job,
+            details={"name": job.name, "state": job.state, "owner": job.owner.get_username()},
+        )
+        job.delete()
 
 
 def job_resume(

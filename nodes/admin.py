@@ -8,11 +8,17 @@ from django.contrib.admin.helpers import ActionForm
 from django.db.models import Count, Q, QuerySet
 from django.http import HttpRequest
 
-from core.admin_helpers import admin_changelist_link, admin_link
+from core.admin_helpers import ServiceDeleteMixin, admin_changelist_link, admin_link
 from core.errors import ApplicationError
 from nodes.models import Cluster, Gpu, Link, Node, NodeEvent, Partition, Switch
 from nodes.registration import cluster_register
-from nodes.services import cluster_sync_request, node_drain, node_resume
+from nodes.services import (
+    cluster_delete,
+    cluster_sync_request,
+    cluster_update,
+    node_drain,
+    node_resume,
+)
 
 # What Slurm owns: shown, never edited by hand (the next sync would undo it anyway).
 NODE_SLURM_FIELDS = (
@@ -65,8 +71,14 @@ class ClusterRegisterForm(forms.ModelForm):
     )
     expected_fingerprint = forms.CharField(
         required=False,
-        help_text="The login node's host key fingerprint (SHA256:...). Registration is refused "
-        "if the server presents another key. Empty: the key seen is pinned and shown.",
+        help_text="The login node's host key fingerprint (SHA256:...), checked on a trusted "
+        "path. Registration is refused if the server presents another key.",
+    )
+    trust_on_first_use = forms.BooleanField(
+        required=False,
+        label="Trust the key the server presents now",
+        help_text="Only without a fingerprint: pins whatever key answers (the audit log "
+        "records it). Leave unticked to be shown the key and confirm it first.",
     )
 
     class Meta:
@@ -111,6 +123,7 @@ class ClusterRegisterForm(forms.ModelForm):
                 default_partition=data.get("default_partition", ""),
                 expected_fingerprint=data.get("expected_fingerprint") or None,
                 is_default=data.get("is_default", False),
+                trust_on_first_use=bool(data.get("trust_on_first_use")),
             )
         except ApplicationError as error:
             field = getattr(error, "field", None)
@@ -124,7 +137,12 @@ class ClusterRegisterForm(forms.ModelForm):
 
 
 @admin.register(Cluster)
-class ClusterAdmin(admin.ModelAdmin):
+class ClusterAdmin(ServiceDeleteMixin, admin.ModelAdmin):
+    """Registering connects (pins the host key, probes Slurm); changes and deletions go
+    through the services, validated and audited."""
+
+    delete_service = staticmethod(cluster_delete)
+    delete_argument = "cluster"
     list_display = [
         "name",
         "is_default",
@@ -184,7 +202,7 @@ class ClusterAdmin(admin.ModelAdmin):
         ),
     ]
     inlines = [PartitionInline]
-    actions = ["sync_now"]
+    actions = ["sync_now", "make_default"]
 
     def get_form(
         self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any
@@ -212,6 +230,7 @@ class ClusterAdmin(admin.ModelAdmin):
                             "ssh_user",
                             "private_key",
                             "expected_fingerprint",
+                            "trust_on_first_use",
                         ]
                     },
                 ),
@@ -222,12 +241,24 @@ class ClusterAdmin(admin.ModelAdmin):
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
         if obj is None:
             return []
-        # The login is pinned together with its host key: re-register to change it.
-        return [*self.readonly_fields, "ssh_host", "ssh_port", "ssh_user", "ssh_key_name"]
+        # The login is pinned together with its host key (and the name names the key's
+        # directory): register again to change them.
+        # The default flag moves with the "make default" action (one default at most).
+        return [
+            *self.readonly_fields,
+            "name",
+            "is_default",
+            "ssh_host",
+            "ssh_port",
+            "ssh_user",
+            "ssh_key_name",
+        ]
 
     def save_model(self, request: HttpRequest, obj: Cluster, form: Any, change: bool) -> None:
         if change:
-            super().save_model(request, obj, form, change)
+            changed = {key: form.cleaned_data[key] for key in form.changed_data}
+            if changed:
+                cluster_update(actor=request.user, cluster=obj, **changed)
             return
         # cluster_register saved it already; point the admin at the saved row.
         registered = form.registration.cluster
@@ -244,8 +275,22 @@ class ClusterAdmin(admin.ModelAdmin):
         return super().get_inline_instances(request, obj) if obj is not None else []
 
     def save_related(self, request: HttpRequest, form: Any, formsets: Any, change: bool) -> None:
+        # The partitions inline is read-only; on the add page there is nothing to save.
         if change:
             super().save_related(request, form, formsets, change)
+
+    def has_delete_permission(self, request: HttpRequest, obj: Cluster | None = None) -> bool:
+        if obj is not None and obj.jobs.exists():
+            return False
+        return super().has_delete_permission(request, obj)
+
+    @admin.action(description="Make the selected cluster the default one")
+    def make_default(self, request: HttpRequest, queryset: QuerySet[Cluster]) -> None:
+        if queryset.count() != 1:
+            self.message_user(request, "Select exactly one cluster.", level=messages.ERROR)
+            return
+        cluster = cluster_update(actor=request.user, cluster=queryset.get(), is_default=True)
+        self.message_user(request, f"{cluster.name} is the default cluster now.")
 
     @admin.action(description="Sync the selected clusters now")
     def sync_now(self, request: HttpRequest, queryset: QuerySet[Cluster]) -> None:

@@ -63,6 +63,11 @@ class ClusterSerializer(serializers.ModelSerializer):
             "slurm_version",
             "slurm_cluster_name",
             "accounting_available",
+            "accounting_error",
+            "accounting_failing_since",
+            "accounting_retry_at",
+            "last_reconcile_at",
+            "last_reconcile_error",
             "sync_status",
             "last_sync_at",
             "last_sync_ok_at",
@@ -165,8 +170,10 @@ def _probe_data(info: Any) -> dict[str, Any]:
 class ClusterRegisterApi(APIView):
     """Register a cluster: Gantry connects, shows and pins the host key, probes Slurm.
 
-    Give ``host_key_fingerprint`` to have Gantry refuse any other key; without it the key
-    seen is pinned and returned (check it against the login node's real fingerprint).
+    Give ``host_key_fingerprint`` (checked on a trusted path) to have Gantry refuse any
+    other key. Without it registration is refused, naming the key the server presents,
+    unless ``trust_on_first_use`` is true: then that key is pinned as is (and the audit log
+    says so).
     """
 
     permission_classes = [IsOperator]
@@ -191,6 +198,10 @@ class ClusterRegisterApi(APIView):
             max_length=128, required=False, default="", allow_blank=True
         )
         is_default = serializers.BooleanField(default=False)
+        trust_on_first_use = serializers.BooleanField(
+            default=False,
+            help_text="without host_key_fingerprint: pin whatever key the server presents now",
+        )
 
         def validate_ssh_host(self, value: str) -> str:
             # A host name or an IP address, nothing a resolver chokes on (a label over 63
@@ -230,6 +241,7 @@ class ClusterRegisterApi(APIView):
             default_partition=values["default_partition"],
             expected_fingerprint=values["host_key_fingerprint"] or None,
             is_default=values["is_default"],
+            trust_on_first_use=values["trust_on_first_use"],
         )
         cluster = Cluster.objects.prefetch_related("partitions").get(pk=registration.cluster.pk)
         output = {

@@ -76,6 +76,12 @@ class Cluster(models.Model):
     reconcile_idle_cycles = models.PositiveIntegerField(default=0)
     last_reconcile_at = models.DateTimeField(null=True, blank=True)
     last_reconcile_error = models.TextField(blank=True)
+    # sacct failing on a cluster that has accounting: squeue is still applied every cycle,
+    # sacct is retried with back-off, and the cluster shows the error.
+    accounting_failures = models.PositiveIntegerField(default=0)
+    accounting_retry_at = models.DateTimeField(null=True, blank=True)
+    accounting_error = models.TextField(blank=True)
+    accounting_failing_since = models.DateTimeField(null=True, blank=True)
 
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)

@@ -130,10 +130,16 @@ def _cluster_for(endpoint: ClusterEndpoint, *, update_existing: bool) -> tuple[C
 
 
 def _pin_host_key(
-    cluster: Cluster, *, expected_fingerprint: str | None, previously: str
-) -> HostKeyInfo:
+    cluster: Cluster,
+    *,
+    expected_fingerprint: str | None,
+    previously: str,
+    trust_on_first_use: bool,
+) -> tuple[HostKeyInfo, str]:
     """Fetch the login node's host key and pin it on ``cluster``, refusing a key other
-    than the one the operator confirmed, or a changed key nobody confirmed."""
+    than the one the operator confirmed, a changed key nobody confirmed, and a first key
+    nobody confirmed unless the operator chose to trust it on first use. Returns the key
+    and how it came to be trusted (for the audit log)."""
     try:
         host_key = fetch_host_key(
             cluster.ssh_host, cluster.ssh_port, timeout=settings.SSH_CONNECT_TIMEOUT
@@ -155,10 +161,23 @@ def _pin_host_key(
             f"the server's host key changed from {previously} to "
             f"{host_key.fingerprint_sha256}; confirm the new fingerprint to re-pin it",
         )
+    if expected:
+        trust = "confirmed fingerprint"
+    elif previously:
+        trust = "unchanged pinned key"
+    elif trust_on_first_use:
+        trust = "trust on first use"
+    else:
+        raise FieldError(
+            "host_key_fingerprint",
+            f"the server presents {host_key.key_type} {host_key.fingerprint_sha256}; give that "
+            "fingerprint once you have checked it on a trusted path (e.g. ssh-keygen -lf "
+            "/etc/ssh/ssh_host_ed25519_key.pub on the login node), or choose trust on first use",
+        )
     cluster.host_key_type = host_key.key_type
     cluster.host_key_fingerprint = host_key.fingerprint_sha256
     cluster.host_key_line = host_key.known_hosts_line
-    return host_key
+    return host_key, trust
 
 
 def apply_probe(cluster: Cluster, info: ClusterInfo) -> None:
@@ -171,7 +190,7 @@ def apply_probe(cluster: Cluster, info: ClusterInfo) -> None:
 
 
 def _save_registration(
-    cluster: Cluster, info: ClusterInfo, *, actor: Any, updated: bool, is_default: bool
+    cluster: Cluster, info: ClusterInfo, *, actor: Any, updated: bool, is_default: bool, trust: str
 ) -> None:
     if is_default:
         Cluster.objects.exclude(pk=cluster.pk).filter(is_default=True).update(is_default=False)
@@ -190,6 +209,7 @@ def _save_registration(
         details={
             "endpoint": f"{cluster.ssh_user}@{cluster.ssh_host}:{cluster.ssh_port}",
             "host_key": cluster.host_key_fingerprint,
+            "host_key_trust": trust,
             "slurm_version": info.slurm_version,
         },
     )
@@ -211,13 +231,16 @@ def cluster_register(
     is_default: bool = False,
     update_existing: bool = False,
     sync: bool = True,
+    trust_on_first_use: bool = False,
 ) -> ClusterRegistration:
     """Register a cluster: fetch and pin its host key, store its key 0600, probe Slurm.
 
     Refuses, with the field and why, anything that would not work: a taken name, an
-    unreachable host, a host key other than ``expected_fingerprint``, a bad private key,
-    a refused login, Slurm missing. Nothing is saved unless the probe succeeds. Safe to
-    re-run with ``update_existing`` (the dev cluster is registered on every ``make run``).
+    unreachable host, a host key other than ``expected_fingerprint`` — or, without one, a
+    key the operator did not choose to trust on first use (the refusal names the key seen)
+    — a bad private key, a refused login, Slurm missing. Nothing is saved unless the probe
+    succeeds; the audit event records how the key came to be trusted. Safe to re-run with
+    ``update_existing`` (the dev cluster is registered on every ``make run``).
     """
     endpoint = ClusterEndpoint(
         name=name,
@@ -232,8 +255,11 @@ def cluster_register(
     cluster, updated = _cluster_for(endpoint, update_existing=update_existing)
     previously = cluster.host_key_fingerprint if updated else ""
     _validate_private_key(private_key)
-    host_key = _pin_host_key(
-        cluster, expected_fingerprint=expected_fingerprint, previously=previously
+    host_key, trust = _pin_host_key(
+        cluster,
+        expected_fingerprint=expected_fingerprint,
+        previously=previously,
+        trust_on_first_use=trust_on_first_use,
     )
     write_private_file(cluster_key_dir(name) / KEY_FILE_NAME, private_key.strip() + "\n")
     # A re-registration may change the key or the host: never reuse the old connection.
@@ -246,7 +272,9 @@ def cluster_register(
             extra={"fingerprint_seen": host_key.fingerprint_sha256},
         ) from None
     with transaction.atomic():
-        _save_registration(cluster, info, actor=actor, updated=updated, is_default=is_default)
+        _save_registration(
+            cluster, info, actor=actor, updated=updated, is_default=is_default, trust=trust
+        )
         if sync:
             cluster_id = cluster.pk
             transaction.on_commit(lambda: task_send(CLUSTER_SYNC, cluster_id))

@@ -7,9 +7,10 @@ Registration lives in ``nodes.registration``, the inventory sync in ``nodes.sync
 from __future__ import annotations
 
 import re
+import shutil
 from typing import Any
 
-from django.core.exceptions import PermissionDenied
+from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import transaction
 from django.utils import timezone
 
@@ -17,7 +18,7 @@ from controlplane.tasknames import CLUSTER_SYNC, task_send
 from core.audit import AuditAction, audit_event_record
 from core.errors import ApplicationError, FieldError
 from core.roles import is_operator
-from nodes.cluster_access import slurm_client_for
+from nodes.cluster_access import slurm_client_for, ssh_dir
 from nodes.models import Cluster, Node, NodeEvent
 from nodes.slurm import errors as slurm_errors
 from nodes.slurm.errors import describe_cluster_error
@@ -36,6 +37,63 @@ def cluster_sync_request(*, actor: Any, cluster: Cluster) -> None:
         transaction.on_commit(lambda: task_send(CLUSTER_SYNC, cluster_id))
 
 
+# What an operator may change on a registered cluster. The login (host, port, user, key)
+# is pinned with its host key: changing it means registering again.
+CLUSTER_EDITABLE = ("description", "is_default", "workdir", "python", "default_partition")
+
+
+def cluster_update(*, actor: Any, cluster: Cluster, **changes: Any) -> Cluster:
+    """Change what may change on a registered cluster (operators only): validated, one
+    default cluster at most, audited with the values before and after."""
+    _check_operator(actor)
+    unknown = sorted(set(changes) - set(CLUSTER_EDITABLE))
+    if unknown:
+        raise FieldError(unknown[0], "cannot be changed here; register the cluster again")
+    with transaction.atomic():
+        current = Cluster.objects.select_for_update().get(pk=cluster.pk)
+        before = {key: getattr(current, key) for key in changes}
+        for key, value in changes.items():
+            setattr(current, key, value)
+        others = [f.name for f in Cluster._meta.fields if f.name not in changes]
+        try:
+            current.full_clean(exclude=others, validate_unique=False, validate_constraints=False)
+        except ValidationError as error:
+            field_name, reasons = next(iter(error.message_dict.items()))
+            raise FieldError(field_name, " ".join(reasons)) from None
+        if current.is_default:
+            Cluster.objects.exclude(pk=current.pk).filter(is_default=True).update(is_default=False)
+        current.save(update_fields=[*changes, "updated_at"])
+        audit_event_record(
+            actor=actor,
+            action=AuditAction.CLUSTER_UPDATE,
+            target=current,
+            details={"before": before, "after": {key: getattr(current, key) for key in changes}},
+        )
+    return current
+
+
+def cluster_delete(*, actor: Any, cluster: Cluster) -> None:
+    """Remove a cluster Gantry never ran anything on (operators only), with its inventory
+    and its stored key; audited. A cluster with jobs is refused: their history stays."""
+    _check_operator(actor)
+    if cluster.jobs.exists():
+        raise FieldError(
+            "cluster",
+            f"{cluster.name} has jobs; their history would go with it. Keep the cluster "
+            "(stop using it) instead",
+        )
+    with transaction.atomic():
+        audit_event_record(
+            actor=actor,
+            action=AuditAction.CLUSTER_DELETE,
+            target=cluster,
+            details={"endpoint": f"{cluster.ssh_user}@{cluster.ssh_host}:{cluster.ssh_port}"},
+        )
+        name = cluster.name
+        cluster.delete()
+    shutil.rmtree(ssh_dir() / name, ignore_errors=True)
+
+
 def cluster_reconcile_soon(*, cluster_id: int) -> None:
     """Make the cluster's next watcher cycle due now, whatever its idle back-off was."""
     Cluster.objects.filter(pk=cluster_id).update(next_reconcile_at=timezone.now())
@@ -43,7 +101,7 @@ def cluster_reconcile_soon(*, cluster_id: int) -> None:
 
 def _check_operator(actor: Any) -> None:
     if not is_operator(actor):
-        raise PermissionDenied("Only operators may drain or resume nodes.")
+        raise PermissionDenied("Only operators may do this.")
 
 
 def _refresh_node_from_slurm(

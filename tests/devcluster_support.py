@@ -7,12 +7,13 @@ what ``DIR/gantry.env`` says.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pwd
 import shlex
 import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -141,6 +142,24 @@ class DevCluster:
 
     def status(self) -> subprocess.CompletedProcess[str]:
         return run_script("status", dir=self.dir, check=False)
+
+    @property
+    def shims(self) -> Path:
+        """A directory first on the cluster user's PATH over SSH (for fault tests)."""
+        return Path(self.env.get("DEVCLUSTER_SHIMS") or self.dir / "shims")
+
+    @contextlib.contextmanager
+    def shim(self, name: str, script: str) -> Iterator[Path]:
+        """Put a stand-in for the login node's command ``name`` in place for the block:
+        every SSH command Gantry runs finds it before the real one."""
+        self.shims.mkdir(parents=True, exist_ok=True)
+        path = self.shims / name
+        path.write_text(script)
+        path.chmod(0o755)
+        try:
+            yield path
+        finally:
+            path.unlink(missing_ok=True)
 
     def sshd_stop(self) -> None:
         self.script("stop-sshd")

@@ -118,3 +118,63 @@ def wait_all(predicate: Any, *, timeout: float, every: float = 0.5, on_tick: Any
             return True
         time.sleep(every)
     return bool(predicate())
+
+
+# Submission faults run this many trials each (make faults: 30, make test: fewer).
+SUBMIT_TRIALS = int(os.environ.get("GANTRY_SUBMIT_FAULT_TRIALS", "4"))
+
+# The watcher and workers of the submission fault tests: a short SSH command timeout (so
+# a slow sbatch outlasts it) and a grace for unknown outcomes longer than the slowest
+# sbatch the tests make.
+SLOW_SBATCH_SECONDS = 10
+SUBMIT_FAULT_ENV = {
+    "GANTRY_RECONCILE_INTERVAL": "1",
+    "GANTRY_SYNC_INTERVAL": "30",
+    "GANTRY_SSH_COMMAND_TIMEOUT": "6",
+    "GANTRY_SUBMIT_UNKNOWN_GRACE": str(SLOW_SBATCH_SECONDS + 15),
+    "GANTRY_DUPLICATE_WATCH": "300",
+    "GANTRY_SUBMIT_LEASE": "30",
+    "GANTRY_SUBMIT_REQUEUE_AFTER": "5",
+    "GANTRY_DRILL_POLICY_INTERVAL": "3600",
+    "GANTRY_DRILL_SUBMIT_RETRIES": "4",
+}
+
+SLOW_SBATCH = f"""#!/bin/sh
+# Gantry fault test: a busy controller. sbatch answers after {SLOW_SBATCH_SECONDS} s, longer
+# than Gantry's SSH command timeout, and then really submits.
+sleep {SLOW_SBATCH_SECONDS}
+exec /usr/bin/sbatch "$@"
+"""
+
+LOST_ANSWER_SBATCH = """#!/bin/sh
+# Gantry fault test: the answer is lost. sbatch really submits, then the SSH connection
+# this command runs in is dropped before the answer goes back.
+/usr/bin/sbatch "$@" >/dev/null 2>&1
+pid=$$
+while [ "$pid" -gt 1 ]; do
+  pid=$(awk '{print $4}' "/proc/$pid/stat")
+  case "$(cat "/proc/$pid/comm")" in sshd*) kill -9 "$pid"; sleep 5; exit 0 ;; esac
+done
+exit 1
+"""
+
+SACCT_DOWN = """#!/bin/sh
+# Gantry fault test: the accounting database does not answer.
+echo "sacct: error: Problem talking to the database: Connection refused" >&2
+exit 1
+"""
+
+ACCOUNTING_DISABLED = """#!/bin/sh
+# Gantry fault test: a cluster without accounting, as sacct says it.
+echo "sacct: error: Slurm accounting storage is disabled" >&2
+exit 1
+"""
+
+
+def unknown_outcomes(model: Any, object_ids: list[str]) -> int:
+    """How many times an sbatch's outcome was unknown (objects that went submit_unknown)."""
+    if model is Job:
+        return JobEvent.objects.filter(
+            job_id__in=object_ids, kind="state", to_state="submit_unknown"
+        ).count()
+    return 0

@@ -2,7 +2,8 @@
 
 Exit codes: 0 ok; 1 failed (drill verdict failed, verify found a bad checkpoint, a checkpoint
 save failed); 2 invalid input (config, unusable --resume checkpoint, bad arguments);
-3 infrastructure error (distributed init, unexpected exception).
+3 infrastructure error (distributed init, unexpected exception); 4 another live trainer
+holds the run directory (a duplicate Slurm job: refused before writing anything).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import sys
 import traceback
 from typing import Any
 
-EXIT_OK, EXIT_FAILED, EXIT_INPUT, EXIT_INFRA = 0, 1, 2, 3
+EXIT_OK, EXIT_FAILED, EXIT_INPUT, EXIT_INFRA, EXIT_LOCKED = 0, 1, 2, 3, 4
 
 
 class _Parser(argparse.ArgumentParser):
@@ -101,7 +102,16 @@ def _run_distributed(args: argparse.Namespace) -> tuple[int, bool]:
     want = cfg.device if cfg is not None else "auto"
     device = dist.pick_device(env, want)
     backend = dist.init(env, device)
+    from .runlock import lock_run_directory, release
+
+    directory = os.path.abspath(
+        (args.run_dir if args.command == "train" else os.path.dirname(args.out)) or "."
+    )
     try:
+        refusal = lock_run_directory(directory, env)
+        if refusal is not None:
+            _err(refusal)
+            return EXIT_LOCKED, backend is not None
         if args.command == "train":
             from .train import train
 
@@ -121,6 +131,7 @@ def _run_distributed(args: argparse.Namespace) -> tuple[int, bool]:
                 mode=args.mode,
             )
     finally:
+        release(directory)
         dist.teardown()
     return code, backend is not None
 

@@ -1,11 +1,14 @@
 """One watcher cycle for one cluster: every kind of Slurm-tracked object (jobs, drills) in
-one ``squeue``, at most one ``sacct`` and one run-directory listing, then SFTP reads of
-only the new bytes.
+one ``squeue`` by job id, at most one ``sacct`` (or, without accounting, one listing of
+exit records) and one run-directory listing; while an sbatch's outcome is unknown or one
+went out recently, one more ``squeue`` and ``sacct`` by tag. Then SFTP reads of only the
+new bytes.
 
 Cost in remote commands does not grow with the number of jobs. Safe to re-run anytime:
 every change is a conditional update on the state it was read in. The cycle degrades
-rather than stops: what squeue said is applied even when sacct fails, and one object's
-bad data never aborts the others.
+rather than stops: what squeue said is applied even when sacct fails (sacct is then
+retried with back-off and the failure shown on the cluster), and one object's bad data
+never aborts the others.
 """
 
 from __future__ import annotations
@@ -13,24 +16,37 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.conf import settings
+from django.db.models import F
 from django.utils import timezone
 
 from drills.lifecycle import DRILLS
 from jobs.job_lifecycle import JOBS
-from jobs.lifecycle import SlurmLifecycle, slurm_views
+from jobs.lifecycle import (
+    ACCOUNTING_DOWN,
+    ACCOUNTING_NONE,
+    ACCOUNTING_OK,
+    SlurmLifecycle,
+    directory_evidence,
+    slurm_views,
+)
 from jobs.models import Job
 from jobs.rundir import jobs_to_read, run_files_read
 from nodes.cluster_access import slurm_client_for, transport_for
 from nodes.models import Cluster
+from nodes.slurm import commands as slurm_commands
 from nodes.slurm import errors as slurm_errors
+from nodes.slurm.client import SlurmClient
 from nodes.slurm.errors import describe_cluster_error
+from nodes.slurm.transport import SshTransport
 
 logger = logging.getLogger(__name__)
 
 # Every kind of object Gantry runs as a Slurm job; each cycle looks at all of them.
-KINDS: tuple[SlurmLifecycle, ...] = (JOBS, DRILLS)  # type: ignore[type-arg]
+KINDS: tuple[SlurmLifecycle[Any], ...] = (JOBS, DRILLS)
+MAX_ACCOUNTING_BACKOFF_SECONDS = 300
 
 
 @dataclass
@@ -42,7 +58,18 @@ class ReconcileResult:
     metric_points: int = 0
     checkpoints: int = 0
     requeued: int = 0
+    accounting: str = ACCOUNTING_OK
     errors: list[str] = field(default_factory=list)
+
+
+def accounting_mode(cluster: Cluster, now: datetime) -> str:
+    """Whether this cycle asks sacct: not on a cluster without accounting, not while a
+    failed sacct backs off."""
+    if cluster.accounting_available is False:
+        return ACCOUNTING_NONE
+    if cluster.accounting_retry_at is not None and cluster.accounting_retry_at > now:
+        return ACCOUNTING_DOWN
+    return ACCOUNTING_OK
 
 
 def cluster_reconcile(*, cluster_id: int) -> ReconcileResult:
@@ -53,17 +80,24 @@ def cluster_reconcile(*, cluster_id: int) -> ReconcileResult:
     for kind in KINDS:
         result.requeued += kind.requeue_stalled(cluster, now)
     tracked = [(kind, kind.active_in_slurm(cluster)) for kind in KINDS]
-    if not any(objects for _, objects in tracked) and not _has_files_to_read(cluster):
+    risky = [(kind, kind.at_risk(cluster, now)) for kind in KINDS]
+    if not any(objects for _, objects in tracked + risky) and not _has_files_to_read(cluster):
         _reconcile_done(cluster, result, now)
         return result
+    client = slurm_client_for(cluster)
     transport = transport_for(cluster)
     commands_before = transport.commands_run
+    result.accounting = accounting_mode(cluster, now)
     try:
+        _resolve_by_tag(cluster, client, transport, risky, result, now)
         views = slurm_views(
-            slurm_client_for(cluster), [obj for _, objects in tracked for obj in objects]
+            client,
+            transport,
+            [(obj, kind.run_directory(obj)) for kind, objects in tracked for obj in objects],
+            accounting=result.accounting,
         )
-        if not views.accounting_ok:
-            result.errors.append(f"accounting (sacct) failed: {views.accounting_error}")
+        if views.accounting == ACCOUNTING_DOWN and result.accounting == ACCOUNTING_OK:
+            _accounting_failed(cluster, views.accounting_error, now, result)
         for kind, objects in tracked:
             result.state_changes += kind.apply_views(objects, views, transport, now, result.errors)
         # Jobs that just ended get their files read in this same cycle.
@@ -78,8 +112,72 @@ def cluster_reconcile(*, cluster_id: int) -> ReconcileResult:
     result.checkpoints = files.checkpoints
     result.errors += files.errors
     result.commands = transport.commands_run - commands_before
+    if result.accounting == ACCOUNTING_OK:
+        _accounting_answered(cluster)
     _reconcile_done(cluster, result, now)
     return result
+
+
+def _resolve_by_tag(
+    cluster: Cluster,
+    client: SlurmClient,
+    transport: SshTransport,
+    risky: list[tuple[SlurmLifecycle[Any], list[Any]]],
+    result: ReconcileResult,
+    now: datetime,
+) -> None:
+    """One squeue and one sacct by tag for every object whose sbatch outcome is unknown or
+    went out recently: adopt, prove absent, or cancel an extra Slurm job."""
+    objects = [obj for _, group in risky for obj in group]
+    if not objects:
+        return
+    since = min(obj.created_at for obj in objects) - timedelta(minutes=5)
+    lookup = client.jobs_by_tags(
+        [slurm_commands.job_tag(obj.id) for obj in objects],
+        since=since,
+        accounting=result.accounting == ACCOUNTING_OK,
+    )
+    if result.accounting == ACCOUNTING_OK and not lookup.accounting_ok:
+        _accounting_failed(cluster, lookup.accounting_error, now, result)
+    unknown = [
+        kind.run_directory(obj)
+        for kind, group in risky
+        for obj in group
+        if obj.state == kind.SUBMIT_UNKNOWN
+    ]
+    evidence = (
+        directory_evidence(transport, unknown) if unknown and not lookup.accounting_ok else {}
+    )
+    for kind, group in risky:
+        result.state_changes += kind.resolve_by_tag(group, lookup, evidence, client, now)
+
+
+def _accounting_failed(
+    cluster: Cluster, error: str, now: datetime, result: ReconcileResult
+) -> None:
+    """sacct failed: squeue is still applied; ask sacct again after a growing pause."""
+    result.accounting = ACCOUNTING_DOWN
+    result.errors.append(f"accounting (sacct) failed: {error}")
+    failures = cluster.accounting_failures + 1
+    wait = min(MAX_ACCOUNTING_BACKOFF_SECONDS, settings.RECONCILE_INTERVAL_SECONDS * 2**failures)
+    Cluster.objects.filter(pk=cluster.pk).update(
+        accounting_failures=F("accounting_failures") + 1,
+        accounting_retry_at=now + timedelta(seconds=wait),
+        accounting_error=error[:2000],
+        accounting_failing_since=cluster.accounting_failing_since or now,
+    )
+    cluster.accounting_failures = failures
+    logger.warning("cluster %s: sacct failed (%s); retrying in %s s", cluster.name, error, wait)
+
+
+def _accounting_answered(cluster: Cluster) -> None:
+    if cluster.accounting_failures or cluster.accounting_error:
+        Cluster.objects.filter(pk=cluster.pk).update(
+            accounting_failures=0,
+            accounting_retry_at=None,
+            accounting_error="",
+            accounting_failing_since=None,
+        )
 
 
 def _has_files_to_read(cluster: Cluster) -> bool:

@@ -9,19 +9,15 @@ import django.db.models.deletion
 from django.conf import settings
 from django.db import migrations, models
 
+from core.contenttypes import move_content_types
+
 
 def move_content_type(apps, schema_editor):
-    ContentType = apps.get_model("contenttypes", "ContentType")
-    ContentType.objects.filter(app_label="controlplane", model="auditevent").update(
-        app_label="core"
-    )
+    move_content_types(apps, "controlplane", "core", ["auditevent"])
 
 
 def move_content_type_back(apps, schema_editor):
-    ContentType = apps.get_model("contenttypes", "ContentType")
-    ContentType.objects.filter(app_label="core", model="auditevent").update(
-        app_label="controlplane"
-    )
+    move_content_types(apps, "core", "controlplane", ["auditevent"])
 
 
 class Migration(migrations.Migration):
@@ -30,6 +26,7 @@ class Migration(migrations.Migration):
     dependencies = [
         ("controlplane", "0002_roles"),
         ("contenttypes", "0002_remove_content_type_name"),
+        ("auth", "0012_alter_user_first_name_max_length"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 

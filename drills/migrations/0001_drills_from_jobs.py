@@ -12,19 +12,15 @@ import django.db.models.deletion
 from django.conf import settings
 from django.db import migrations, models
 
-
-def move_content_types(apps, schema_editor):
-    ContentType = apps.get_model("contenttypes", "ContentType")
-    ContentType.objects.filter(app_label="jobs", model__in=["restoredrill", "drillpolicy"]).update(
-        app_label="drills"
-    )
+from core.contenttypes import move_content_types
 
 
-def move_content_types_back(apps, schema_editor):
-    ContentType = apps.get_model("contenttypes", "ContentType")
-    ContentType.objects.filter(app_label="drills", model__in=["restoredrill", "drillpolicy"]).update(
-        app_label="jobs"
-    )
+def move_to_drills(apps, schema_editor):
+    move_content_types(apps, "jobs", "drills", ["restoredrill", "drillpolicy"])
+
+
+def move_back_to_jobs(apps, schema_editor):
+    move_content_types(apps, "drills", "jobs", ["restoredrill", "drillpolicy"])
 
 
 class Migration(migrations.Migration):
@@ -35,6 +31,7 @@ class Migration(migrations.Migration):
         ("nodes", "0001_initial"),
         ("controlplane", "0002_roles"),
         ("contenttypes", "0002_remove_content_type_name"),
+        ("auth", "0012_alter_user_first_name_max_length"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
@@ -119,5 +116,5 @@ class Migration(migrations.Migration):
             ],
             database_operations=[],
         ),
-        migrations.RunPython(move_content_types, move_content_types_back),
+        migrations.RunPython(move_to_drills, move_back_to_jobs),
     ]

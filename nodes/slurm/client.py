@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
@@ -64,6 +65,19 @@ class CommandRunner(Protocol):
 
 # How far back find_jobs_by_tag searches accounting when no start is given.
 DEFAULT_TAG_LOOKBACK = timedelta(days=30)
+
+
+@dataclass
+class TagLookup:
+    """The Slurm jobs found per tag, and whether both squeue and sacct answered."""
+
+    found: dict[str, list[SlurmJob]]
+    accounting_ok: bool = True
+    accounting_error: str = ""
+
+    def proves_absent(self, tag: str) -> bool:
+        """No Slurm job carries ``tag``, and both the queue and accounting said so."""
+        return self.accounting_ok and not self.found.get(tag)
 
 
 class SlurmClient:
@@ -223,27 +237,55 @@ class SlurmClient:
         jobs = parse_scontrol_jobs(result.stdout)
         return jobs[0] if jobs else None
 
+    def jobs_by_tags(
+        self, tags: Sequence[str], *, since: datetime | None = None, accounting: bool = True
+    ) -> TagLookup:
+        """Every Slurm job carrying one of ``tags`` (its name or comment): one squeue and
+        (with ``accounting``) one sacct for all tags, whatever their number.
+
+        What makes submission exactly-once: look before you sbatch, and prove a Slurm job
+        absent only when both squeue and sacct answered. squeue failing raises; sacct
+        failing is reported in the result (``accounting_ok`` False), not raised.
+        """
+        wanted = [commands.check_tag(tag) for tag in tags]
+        lookup = TagLookup(found={tag: [] for tag in wanted})
+        if not wanted:
+            return lookup
+        result = self.transport.exec(commands.squeue_text(names=wanted), check=False)
+        if result.rc != 0:
+            raise command_error(result.argv, result.rc, result.stdout, result.stderr)
+        seen: dict[str, SlurmJob] = {job.job_id: job for job in parse_squeue_text(result.stdout)}
+        if accounting:
+            start = since or (datetime.now(UTC) - DEFAULT_TAG_LOOKBACK)
+            try:
+                accounted = self._run(commands.sacct_text(names=wanted, start=start))
+                for job in parse_sacct_text(accounted):
+                    seen.setdefault(job.job_id, job)
+            except SlurmCommandError as exc:
+                # The database (slurmdbd) down, or no accounting: the queue still answered.
+                if isinstance(exc, SlurmNotFound):
+                    raise
+                lookup.accounting_ok = False
+                lookup.accounting_error = str(exc)
+        else:
+            lookup.accounting_ok = False
+            lookup.accounting_error = "this cluster has no accounting (sacct)"
+        for job in sorted(seen.values(), key=lambda job: _job_sort_key(job.job_id)):
+            for tag in set(wanted).intersection([job.name, job.comment]):
+                lookup.found[tag].append(job)
+        return lookup
+
     def find_jobs_by_tag(self, tag: str, *, since: datetime | None = None) -> list[SlurmJob]:
         """Every Slurm job carrying ``tag`` (in its name or comment): squeue + sacct.
 
-        This is what makes a redelivered submit idempotent: look before you sbatch.
-        A job seen by both keeps the squeue view (fresher while it runs).
+        Without accounting (sacct failing) the queue is all that can be seen.
         """
-        commands.check_tag(tag)
-        found: dict[str, SlurmJob] = {job.job_id: job for job in self._queue(name=tag)}
-        start = since or (datetime.now(UTC) - DEFAULT_TAG_LOOKBACK)
-        try:
-            accounted = parse_sacct_text(self._run(commands.sacct_text(name=tag, start=start)))
-        except SlurmCommandError as exc:
-            if isinstance(exc, SlurmNotFound | SlurmControllerUnavailable):
-                raise
-            # No accounting on this cluster: the queue is all we can see.
-            logger.warning("sacct unavailable while looking up tag %s: %s", tag, exc)
-            accounted = []
-        for job in accounted:
-            if tag in (job.name, job.comment):
-                found.setdefault(job.job_id, job)
-        return sorted(found.values(), key=lambda job: _job_sort_key(job.job_id))
+        lookup = self.jobs_by_tags([tag], since=since)
+        if not lookup.accounting_ok:
+            logger.warning(
+                "sacct unavailable while looking up tag %s: %s", tag, lookup.accounting_error
+            )
+        return lookup.found[tag]
 
     def submit(self, script_path: str, *, tag: str, **options: Any) -> str:
         """``sbatch --parsable`` tagged with ``tag``; returns the Slurm job id.

@@ -134,11 +134,18 @@ def squeue_json() -> list[str]:
     return ["squeue", "--all", "--json"]
 
 
+def _names(name: str | None, names: Iterable[str] | None) -> list[str]:
+    """``--name=a,b``: Slurm job names (Gantry's tags), each checked."""
+    wanted = [check_tag(tag) for tag in ([name] if name is not None else []) + list(names or [])]
+    return ["--name=" + ",".join(wanted)] if wanted else []
+
+
 def squeue_text(
     job_ids: Iterable[str | int] | None = None,
     *,
     user: str | None = None,
     name: str | None = None,
+    names: Iterable[str] | None = None,
 ) -> list[str]:
     """Jobs in the queue (all states Slurm still holds) as ``|``-separated lines."""
     argv = [*_EPOCH_TIMES, "squeue", "--all", "--noheader", "--states=all"]
@@ -146,8 +153,7 @@ def squeue_text(
         argv.append("--jobs=" + ",".join(_job_ids(job_ids)))
     if user is not None:
         argv.append("--user=" + _check(_USER, user, "user name"))
-    if name is not None:
-        argv.append("--name=" + check_tag(name))
+    argv += _names(name, names)
     argv += ["--format", SQUEUE_TEXT_FORMAT]
     return argv
 
@@ -179,13 +185,13 @@ def sacct_text(
     job_ids: Iterable[str | int] | None = None,
     *,
     name: str | None = None,
+    names: Iterable[str] | None = None,
     start: datetime | None = None,
 ) -> list[str]:
     argv = [*_EPOCH_TIMES, "sacct", "--allusers", "--allocations", "--parsable2", "--noheader"]
     if job_ids is not None:
         argv.append("--jobs=" + ",".join(_job_ids(job_ids)))
-    if name is not None:
-        argv.append("--name=" + check_tag(name))
+    argv += _names(name, names)
     argv += _since(start)
     argv += ["--format=" + ",".join(SACCT_TEXT_FIELDS)]
     return argv

@@ -35,8 +35,15 @@ class SshTransientError(SshError):
     transient = True
 
 
-class SshCommandTimeout(SshTransientError):
-    """A remote command ran past its time limit; its channel was closed."""
+class SshOutcomeUnknown(SshTransientError):
+    """The link failed after the command was sent: it may have run, or may still be
+    running. Retrying a command that is not idempotent (``sbatch``) here could run it twice;
+    the caller must find out what happened first."""
+
+
+class SshCommandTimeout(SshOutcomeUnknown):
+    """A remote command ran past its time limit; its channel was closed (the command may
+    still be running on the login node)."""
 
     def __init__(self, message: str, *, argv: Sequence[str], timeout: float) -> None:
         super().__init__(message)

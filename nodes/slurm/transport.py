@@ -33,6 +33,7 @@ from nodes.slurm.errors import (
     SftpError,
     SshCommandTimeout,
     SshError,
+    SshOutcomeUnknown,
     SshTransientError,
     command_error,
 )
@@ -219,7 +220,7 @@ class SshTransport:
             # The command may have run: never re-run it here (sbatch!), let the caller decide.
             with self._lock:
                 self._drop()
-            raise SshTransientError(
+            raise SshOutcomeUnknown(
                 f"SSH link to {self.config.endpoint} failed while running {argv[0]}: "
                 f"{exc or type(exc).__name__}"
             ) from exc
@@ -294,7 +295,11 @@ class SshTransport:
             if not progressed:
                 # The channel's fileno becomes readable on stdout, stderr or EOF.
                 select.select([channel], [], [], min(remaining, 0.5 if pending else 5.0))
-        return channel.recv_exit_status(), b"".join(stdout), b"".join(stderr)
+        status = channel.recv_exit_status()
+        if status == -1:
+            # paramiko's "no exit status": the connection died under the command.
+            raise EOFError("the connection closed before the command reported its exit status")
+        return status, b"".join(stdout), b"".join(stderr)
 
     # ------------------------------------------------------------ SFTP
 

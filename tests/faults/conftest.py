@@ -39,12 +39,12 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     write("")
     write("fault-injection figures")
     header = (
-        f"{'fault':<34} {'trials':>6} {'injected':>8} {'dupes':>5} {'lost':>4} {'wrong':>5}  notes"
+        f"{'fault':<46} {'trials':>6} {'injected':>8} {'dupes':>5} {'lost':>4} {'wrong':>5}  notes"
     )
     write(header)
     write("-" * len(header))
     for row in REPORT.rows:
         write(
-            f"{row.fault:<34} {row.trials:>6} {row.faults_injected:>8} {row.duplicates:>5} "
+            f"{row.fault:<46} {row.trials:>6} {row.faults_injected:>8} {row.duplicates:>5} "
             f"{row.lost:>4} {row.wrong:>5}  {row.notes}"
         )

@@ -72,6 +72,35 @@ def test_register_pins_the_host_key_and_probes(
     assert AuditEvent.objects.filter(action="cluster.register").count() == 1
 
 
+@pytest.mark.django_db
+def test_without_a_fingerprint_trust_on_first_use_is_an_explicit_choice(
+    devcluster: DevCluster, operator_api: APIClient
+) -> None:
+    """No fingerprint: refused, naming the key the server presents; with trust on first
+    use that key is pinned and the audit log says how it came to be trusted."""
+    close_all()
+    refused = operator_api.post(
+        "/api/v1/clusters/register/",
+        register_payload(devcluster, host_key_fingerprint=""),
+        format="json",
+    )
+    assert refused.status_code == 400, refused.json()
+    why = refused.json()["extra"]["fields"]["host_key_fingerprint"][0]
+    assert devcluster.host_fingerprint in why and "trust on first use" in why
+    assert not Cluster.objects.exists()
+    trusted = operator_api.post(
+        "/api/v1/clusters/register/",
+        register_payload(devcluster, host_key_fingerprint="", trust_on_first_use=True),
+        format="json",
+    )
+    assert trusted.status_code == 201, trusted.json()
+    cluster = Cluster.objects.get(name="devcluster")
+    assert cluster.host_key_fingerprint == devcluster.host_fingerprint
+    event = AuditEvent.objects.get(action="cluster.register")
+    assert event.details["host_key_trust"] == "trust on first use"
+    assert event.details["host_key"] == devcluster.host_fingerprint
+
+
 def cluster_key_path(cluster: Cluster) -> str:
     from nodes.cluster_access import private_key_path
 

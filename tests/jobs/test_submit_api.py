@@ -157,3 +157,41 @@ def test_job_list_is_cursor_paginated(researcher_api: APIClient, researcher: Any
     assert len(first["results"]) == 3 and first["next"]
     second = researcher_api.get(first["next"]).json()
     assert len(second["results"]) == 2 and second["next"] is None
+
+
+@pytest.mark.parametrize("name", ["FOO\n", "FOO\nrm -rf /", "foo", "A-B", "SLURM_X", "PATH"])
+def test_environment_names_are_checked_whole(
+    cluster: Any, researcher_api: APIClient, name: str
+) -> None:
+    response = researcher_api.post(
+        "/api/v1/jobs/submit/", body(environment={name: "1"}), format="json"
+    )
+    assert response.status_code == 400, response.json()
+    assert "environment" in response.json()["extra"]["fields"]
+    assert not Job.objects.exists()
+
+
+def test_the_script_refuses_an_environment_name_the_services_would_refuse() -> None:
+    from jobs.runtime import ScriptSpec, render_sbatch
+
+    spec = ScriptSpec(
+        job_id="x",
+        job_name="n",
+        run_dir="/r",
+        trainer_dir="/t",
+        python="/p",
+        partition="batch",
+        nodes=1,
+        tasks_per_node=1,
+        cpus_per_task=1,
+        gpus_per_node=0,
+        gpu_type="",
+        memory_mb=None,
+        time_limit_minutes=5,
+        nodelist="",
+        switches="",
+        trainer_args=("train",),
+        environment=(("FOO\n", "x"),),
+    )
+    with pytest.raises(ValueError, match="not allowed"):
+        render_sbatch(spec)

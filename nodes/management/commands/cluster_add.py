@@ -42,6 +42,11 @@ class Command(BaseCommand):
         parser.add_argument(
             "--fingerprint", help="expected host key fingerprint (SHA256:...); refused if different"
         )
+        parser.add_argument(
+            "--trust-on-first-use",
+            action="store_true",
+            help="without --fingerprint: pin whatever host key the server presents now",
+        )
         parser.add_argument("--default", action="store_true", help="make it the default cluster")
         parser.add_argument("--sync", action="store_true", help="sync the inventory right away")
 
@@ -91,6 +96,7 @@ class Command(BaseCommand):
                 is_default=options["default"],
                 update_existing=True,
                 sync=False,
+                trust_on_first_use=options["trust_on_first_use"],
             )
         except ApplicationError as error:
             raise CommandError(error.message) from None

@@ -186,9 +186,28 @@ def test_find_jobs_by_tag_merges_queue_and_accounting(recorded: Any) -> None:
     ids = recorded.job_ids()
     assert ids["rec-failed"] in [job.job_id for job in found]
     assert all(job.name == "rec-failed" for job in found)
-    assert [call[0] for call in runner.calls if call[0] != "env"] == ["squeue"]
-    assert any("--name=rec-failed" in call for call in runner.calls)
+    # One squeue and one sacct, both filtered by the tag on the cluster's side.
+    programs = [
+        next(word for word in call if "=" not in word and word != "env") for call in runner.calls
+    ]
+    assert programs == ["squeue", "sacct"]
+    assert all("--name=rec-failed" in call for call in runner.calls)
     assert client.find_jobs_by_tag("gantry-nothing-like-this") == []
+
+
+def test_tags_are_looked_up_together_and_absence_needs_accounting(recorded: Any) -> None:
+    ids = recorded.job_ids()
+    runner = FakeRunner(_answers(recorded))
+    lookup = SlurmClient(runner).jobs_by_tags(["rec-failed", "rec-completed", "gantry-none"])
+    assert len(runner.calls) == 2
+    assert "--name=rec-failed,rec-completed,gantry-none" in runner.calls[0]
+    assert [job.job_id for job in lookup.found["rec-failed"]] == [ids["rec-failed"]]
+    assert lookup.proves_absent("gantry-none") and not lookup.proves_absent("rec-failed")
+    answers = _answers(recorded)
+    answers["sacct --allusers"] = (1, "", "sacct: error: Slurm accounting storage is disabled")
+    broken = SlurmClient(FakeRunner(answers)).jobs_by_tags(["gantry-none"])
+    assert not broken.accounting_ok and "disabled" in broken.accounting_error
+    assert not broken.proves_absent("gantry-none")
 
 
 def test_submit_returns_the_job_id(recorded: Any) -> None:
