@@ -1,7 +1,8 @@
 """Command line: ``python -m trainer {train,drill,verify,describe,presets}``.
 
 Exit codes: 0 ok; 1 failed (drill verdict failed, verify found a bad checkpoint, a checkpoint
-save failed); 2 invalid input (config, unusable --resume checkpoint, bad arguments);
+save failed); 5 a drill could not judge (inconclusive); 2 invalid input (config, unusable
+--resume checkpoint, bad arguments);
 3 infrastructure error (distributed init, unexpected exception); 4 another live trainer
 holds the run directory (a duplicate Slurm job: refused before writing anything).
 """
@@ -32,10 +33,20 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--resume", help="checkpoint directory or 'latest'")
     d = sub.add_parser("drill", help="restore drill: verify, load, run K steps, compare")
     d.add_argument("--checkpoint", required=True)
-    d.add_argument("--reference", required=True, help="metrics.jsonl of the original run")
+    d.add_argument(
+        "--reference",
+        required=True,
+        help="Gantry's reference.json (or the original run's metrics.jsonl, standalone)",
+    )
     d.add_argument("--steps", type=int, required=True)
     d.add_argument("--out", required=True, help="drill.json path")
-    d.add_argument("--tolerance", type=float, default=1e-4, help="relative, tolerance mode")
+    d.add_argument("--tolerance", type=float, default=1e-4, help="relative, per loss")
+    d.add_argument(
+        "--state-tolerance",
+        type=float,
+        default=1e-3,
+        help="relative L2 per tensor after replay, tolerance mode",
+    )
     d.add_argument("--mode", choices=["auto", "exact", "tolerance"], default="auto")
     v = sub.add_parser("verify", help="checkpoint integrity (manifest, sizes, hashes, keys)")
     v.add_argument("--checkpoint", required=True)
@@ -100,7 +111,14 @@ def _run_distributed(args: argparse.Namespace) -> tuple[int, bool]:
     env = dist.detect()
     dist.set_threads(env)
     want = cfg.device if cfg is not None else "auto"
+    # A drill compares bit for bit where it can: always deterministic; a run when asked
+    # (a resumed run without --config decides once it has read the checkpoint's config).
+    deterministic = args.command == "drill" or (cfg is not None and cfg.deterministic)
+    if deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     device = dist.pick_device(env, want)
+    if deterministic:
+        dist.set_deterministic(device)
     backend = dist.init(env, device)
     from .runlock import lock_run_directory, release
 
@@ -129,6 +147,7 @@ def _run_distributed(args: argparse.Namespace) -> tuple[int, bool]:
                 backend,
                 tolerance=args.tolerance,
                 mode=args.mode,
+                state_tolerance=args.state_tolerance,
             )
     finally:
         release(directory)
@@ -188,7 +207,7 @@ def _write_infra_drill(args: argparse.Namespace, exc: BaseException) -> None:
                 args.out,
                 {
                     "schema": DRILL_SCHEMA,
-                    "verdict": "failed",
+                    "verdict": "error",
                     "reason_code": Reason.INFRASTRUCTURE_ERROR,
                     "reason": f"{type(exc).__name__}: {exc}",
                     "steps": [],

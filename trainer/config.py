@@ -91,6 +91,9 @@ class Config:
     checkpoint_every: int = 100
     checkpoint_keep: int = 3
     checkpoint_async: bool = True
+    # Deterministic kernels (and no TF32 on GPUs): a drill of this run on the same shape
+    # can then compare bit for bit on a GPU too. Drills always run deterministically.
+    deterministic: bool = False
     log_every: int = 1
     target_epsilon: float = 0.05
     target_window: int = 10
@@ -135,6 +138,7 @@ _TOP_TYPES: dict[str, tuple[str, ...]] = {
     "checkpoint_every": ("int",),
     "checkpoint_keep": ("int",),
     "checkpoint_async": ("bool",),
+    "deterministic": ("bool",),
     "log_every": ("int",),
     "target_epsilon": ("float",),
     "target_window": ("int",),

@@ -104,6 +104,19 @@ def set_threads(env: DistEnv) -> int:
     return torch.get_num_threads()
 
 
+def set_deterministic(device: torch.device) -> None:
+    """The same results for the same inputs on this device: deterministic kernels only,
+    cuDNN without autotuning, no TF32. ``CUBLAS_WORKSPACE_CONFIG`` must be set before CUDA
+    starts: call before the first CUDA operation."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)
+    if device.type == "cuda":
+        torch.backends.cudnn.deterministic = True
+        torch.backends.cudnn.benchmark = False
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+
+
 def pick_device(env: DistEnv, want: str) -> torch.device:
     if want == "cuda" or (want == "auto" and torch.cuda.is_available()):
         if not torch.cuda.is_available():

@@ -1,14 +1,32 @@
-"""Restore drill: verify a checkpoint, load it on this allocation, run K steps, compare.
+"""Restore drill: prove that a checkpoint resumes training, on this allocation.
 
-The steps of a drill, in order: ``check_integrity`` (rank 0 hashes every file),
-``read_checkpoint`` (manifest and config), ``choose_mode`` (reference losses, whether the
-allocation can be compared bit for bit), ``load`` (every rank loads and re-hashes what it
-reads), ``step_and_compare``. Each step either fills the report or ends the drill with a
-reason code; ``drill.json`` is written by rank 0 at the end.
+The steps, in order; each either adds to the report or ends the drill with a reason code
+whose class is the verdict (``trainer.schema.verdict_for``):
+
+1. ``read_reference`` — what Gantry holds of the original run (losses, the state
+   fingerprints at the checkpoint and at the step the drill replays to, the dataset hash);
+   absent or incomplete: *inconclusive*.
+2. ``check_integrity`` — every file present, of its size and sha256: else *failed*.
+3. ``check_consistency`` — every rank's files hold this step, this save, this world size,
+   one data position: else *failed* (``inconsistent_state``).
+4. ``check_data`` — the data this trainer would produce is the run's (else *inconclusive*:
+   the environment changed), and the checkpoint's is too (else *failed*).
+5. ``choose_mode`` — bit-exact on the same shape on CPU (or a deterministic GPU run),
+   within tolerances otherwise; an allocation that cannot continue the run: *inconclusive*.
+6. ``load`` — every rank loads and re-hashes what it reads: else *failed*.
+7. ``compare_loaded`` — the loaded state's fingerprint equals the saved one, bit for bit on
+   any allocation: else *failed* (``state_mismatch``, naming the tensors).
+8. ``replay`` — K steps (to the original run's next checkpoint when Gantry asks): an
+   exception while stepping is *failed*; each loss against the original run; then the state
+   against the next checkpoint's fingerprint (exact, or relative L2 within tolerance).
+9. fewer steps compared than asked: *inconclusive*. Otherwise: *passed*.
+
+``drill.json`` is written by rank 0 at the end. The drill writes nothing else.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import time
@@ -18,26 +36,15 @@ from typing import Any
 import torch
 
 from . import checkpoint as ck
-from . import dist
+from . import dist, fingerprint
 from .config import Config, ConfigError, validate
+from .data import MarkovSource
 from .metrics import read_jsonl
-from .schema import DRILL_SCHEMA, Reason
+from .schema import DRILL_REFERENCE_SCHEMA, DRILL_SCHEMA, Event, Reason, verdict_for
 from .session import Session
 
 SCHEMA = DRILL_SCHEMA
-
-
-def reference_losses(path: str) -> dict[int, float]:
-    """Step -> loss from a metrics.jsonl (last occurrence wins, e.g. after a resume)."""
-    out: dict[int, float] = {}
-    for rec in read_jsonl(path):
-        if "event" in rec or "step" not in rec or "loss" not in rec:
-            continue
-        try:
-            out[int(rec["step"])] = float(rec["loss"])
-        except (TypeError, ValueError):
-            continue
-    return out
+DEFAULT_STATE_TOLERANCE = 1e-3
 
 
 class DrillEnded(Exception):
@@ -47,6 +54,46 @@ class DrillEnded(Exception):
         super().__init__(reason or "")
         self.code = code
         self.reason = reason
+
+
+def reference_from_metrics(path: str) -> dict[str, Any]:
+    """A reference built from a run's own metrics.jsonl (standalone use, without Gantry):
+    losses from the step lines (last occurrence wins), fingerprints from the checkpoint
+    events. Gantry writes its reference from its own database instead, so that damage to
+    the cluster's files cannot make a bad checkpoint pass."""
+    losses: dict[str, float] = {}
+    fingerprints: dict[str, Any] = {}
+    for record in read_jsonl(path):
+        if record.get("event") == Event.CHECKPOINT and record.get("fingerprint"):
+            fingerprints[str(record["step"])] = record["fingerprint"]
+        elif "event" not in record and "step" in record and "loss" in record:
+            try:
+                losses[str(int(record["step"]))] = float(record["loss"])
+            except (TypeError, ValueError):
+                continue
+    return {
+        "schema": DRILL_REFERENCE_SCHEMA,
+        "source": os.path.abspath(path),
+        "losses": losses,
+        "fingerprints": fingerprints,
+        "dataset_sha256": None,
+    }
+
+
+def read_reference(path: str) -> dict[str, Any]:
+    """Gantry's reference (``reference.json``), or one built from a metrics.jsonl."""
+    if not os.path.isfile(path):
+        raise DrillEnded(Reason.REFERENCE_MISSING, f"reference file {path} does not exist")
+    if path.endswith(".jsonl"):
+        return reference_from_metrics(path)
+    try:
+        with open(path, encoding="utf-8") as fh:
+            reference = json.load(fh)
+    except (OSError, ValueError) as exc:
+        raise DrillEnded(Reason.REFERENCE_MISSING, f"reference unreadable: {exc}") from None
+    if not isinstance(reference, dict) or reference.get("schema") != DRILL_REFERENCE_SCHEMA:
+        raise DrillEnded(Reason.REFERENCE_MISSING, f"{path} is not a {DRILL_REFERENCE_SCHEMA}")
+    return reference
 
 
 def _empty_report(
@@ -67,13 +114,17 @@ def _empty_report(
         },
         "mode": None,
         "tolerance": extra["tolerance"],
+        "state_tolerance": extra["state_tolerance"],
         "steps_requested": k,
+        "steps_compared": 0,
         "steps": [],
         "first_divergence": None,
+        "state": {"at_load": None, "at_end": None},
         "ranks": [],
         "timings": {
             "integrity_s": None,
             "load_s": None,
+            "fingerprint_s": None,
             "steps_s": None,
             "per_step_s": None,
             "total_s": None,
@@ -86,7 +137,7 @@ def _empty_report(
 @dataclass
 class Drill:
     checkpoint: str
-    reference: str
+    reference_path: str
     k: int
     env: dist.DistEnv
     device: torch.device
@@ -94,11 +145,19 @@ class Drill:
     nodes: list[str] = field(default_factory=list)
     manifest: dict[str, Any] = field(default_factory=dict)
     cfg: Config | None = None
-    ref: dict[int, float] = field(default_factory=dict)
+    reference: dict[str, Any] = field(default_factory=dict)
 
     @property
     def timings(self) -> dict[str, Any]:
         return self.doc["timings"]
+
+    @property
+    def step0(self) -> int:
+        return int(self.manifest["step"])
+
+    def read_reference(self) -> None:
+        self.reference = read_reference(self.reference_path)
+        self.doc["reference_digest"] = fingerprint.digest(self.reference)
 
     def check_integrity(self) -> None:
         """Rank 0 checks every file (each rank re-verifies what it loads later)."""
@@ -127,7 +186,8 @@ class Drill:
         ]
         raise DrillEnded(rep["reason_code"], rep["reason"])
 
-    def read_checkpoint(self) -> None:
+    def check_consistency(self) -> None:
+        """The manifest and config are readable; every rank's files agree with them."""
         self.manifest = ck.load_manifest(self.checkpoint)
         try:
             self.cfg = validate(self.manifest["config"])
@@ -135,33 +195,60 @@ class Drill:
             raise DrillEnded(Reason.LOAD_ERROR, f"checkpoint config invalid: {exc}") from None
         w_save = int(self.manifest["world_size"])
         self.doc["checkpoint"].update(
-            step=int(self.manifest["step"]),
+            step=self.step0,
             world_size_at_save=w_save,
             global_batch=self.cfg.batch_size * w_save,
             created=self.manifest.get("created"),
             async_save=self.manifest.get("async"),
             precision=self.manifest.get("precision"),
             device_type=self.manifest.get("device_type"),
+            deterministic=self.manifest.get("deterministic"),
             config_sha256=self.manifest.get("config_sha256"),
+            trainer_digest=(self.manifest.get("versions") or {}).get("trainer_digest"),
         )
+        problems = ck.rank_consistency(self.checkpoint, self.manifest) if self.env.rank == 0 else []
+        problems = dist.broadcast_object(problems)
+        if problems:
+            raise DrillEnded(Reason.INCONSISTENT_STATE, "; ".join(problems[:5]))
+
+    def check_data(self) -> None:
+        """The data this trainer would produce is the run's, and so is the checkpoint's."""
+        assert self.cfg is not None
+        wanted = self.reference.get("dataset_sha256")
+        produced = MarkovSource(self.cfg).definition_sha256()
+        saved = self.manifest.get("dataset_sha256")
+        self.doc["dataset"] = {"reference": wanted, "produced": produced, "checkpoint": saved}
+        if wanted and produced != wanted:
+            raise DrillEnded(
+                Reason.DATASET_CHANGED,
+                f"this trainer produces dataset {produced[:16]}... from the run's config, the run "
+                f"used {wanted[:16]}...: the drill cannot replay the original run",
+            )
+        if wanted and saved and saved != wanted:
+            raise DrillEnded(
+                Reason.INCONSISTENT_STATE,
+                f"the checkpoint was saved from dataset {saved[:16]}..., not the run's "
+                f"{wanted[:16]}...",
+            )
 
     def choose_mode(self, mode: str) -> None:
-        """The reference losses, whether the allocation fits, exact or tolerance mode."""
+        """Which steps can be compared, whether the allocation fits, exact or tolerance."""
         assert self.cfg is not None
-        step0 = int(self.manifest["step"])
-        w_save = int(self.manifest["world_size"])
-        g_save = self.cfg.batch_size * w_save
-        if not os.path.isfile(self.reference):
+        losses = self.reference.get("losses") or {}
+        if str(self.step0) not in (self.reference.get("fingerprints") or {}):
             raise DrillEnded(
-                Reason.REFERENCE_MISSING, f"reference file {self.reference} does not exist"
+                Reason.REFERENCE_INCOMPLETE,
+                f"the reference has no state fingerprint of step {self.step0}",
             )
-        self.ref = reference_losses(self.reference)
-        wanted = [s for s in range(step0 + 1, step0 + self.k + 1) if s in self.ref]
+        end = self.step0 + self.k
+        wanted = [s for s in range(self.step0 + 1, end + 1) if str(s) in losses]
         if not wanted:
             raise DrillEnded(
                 Reason.REFERENCE_MISSING,
-                f"reference has no steps after {step0} (in ({step0}, {step0 + self.k}])",
+                f"reference has no steps after {self.step0} (in ({self.step0}, {end}])",
             )
+        w_save = int(self.manifest["world_size"])
+        g_save = self.cfg.batch_size * w_save
         if g_save % self.env.world_size != 0:
             raise DrillEnded(
                 Reason.ALLOCATION_INCOMPATIBLE,
@@ -169,22 +256,25 @@ class Drill:
                 f"{w_save} x {self.cfg.batch_size}) cannot be split evenly over "
                 f"{self.env.world_size} ranks",
             )
+        same_device = self.device.type == self.manifest.get("device_type", "cpu")
+        deterministic = self.device.type == "cpu" or bool(self.manifest.get("deterministic"))
         exact_possible = (
             self.env.world_size == w_save
-            and self.device.type == "cpu"
-            and self.manifest.get("device_type", "cpu") == "cpu"
+            and same_device
+            and deterministic
             and self.manifest.get("torch_threads") in (None, torch.get_num_threads())
         )
         if mode == "exact" and not exact_possible:
             raise DrillEnded(
                 Reason.ALLOCATION_INCOMPATIBLE,
-                "allocation incompatible because exact mode needs the same world size, "
-                "CPU and thread count as at save",
+                "allocation incompatible because exact mode needs the same world size, device "
+                "type and thread count as at save, and a deterministic run",
             )
         exact = mode == "exact" or (mode == "auto" and exact_possible)
         self.doc["mode"] = "exact" if exact else "tolerance"
         if exact:
             self.doc["tolerance"] = 0.0
+            self.doc["state_tolerance"] = 0.0
         self.doc["steps_compared"] = len(wanted)
 
     def load(self) -> Session:
@@ -219,31 +309,101 @@ class Drill:
             raise DrillEnded(first, f"rank {bad[0]['rank']}: {bad[0]['detail']}")
         return session
 
-    def step_and_compare(self, session: Session) -> None:
-        """Run K steps from the loaded state and compare each loss with the original run."""
+    def compare_state(self, session: Session, step: int, *, exact: bool, what: str) -> None:
+        """The live state against the reference fingerprint at ``step``; ends the drill
+        with ``state_mismatch`` naming the tensors that differ."""
+        t0 = time.perf_counter()
+        observed = session.fingerprint_now()
+        self.timings["fingerprint_s"] = (
+            (self.timings["fingerprint_s"] or 0.0) + time.perf_counter() - t0
+        )
+        reference = (self.reference.get("fingerprints") or {}).get(str(step))
+        tolerance = float(self.doc["state_tolerance"] or DEFAULT_STATE_TOLERANCE)
+        same_ranks = self.env.world_size == int(self.manifest["world_size"])
+        problems = (
+            fingerprint.compare(
+                observed,
+                reference,
+                exact=exact,
+                tolerance=tolerance,
+                # Ranks beyond the saved world size are seeded afresh; after replay on another
+                # shape the RNG streams legitimately differ.
+                compare_rng=exact or what == "at_load",
+            )
+            if reference
+            else []
+        )
+        self.doc["state"][what] = {
+            "step": step,
+            "exact": exact,
+            "tolerance": 0.0 if exact else tolerance,
+            "compared": reference is not None,
+            "tensors": len(observed.get("tensors", {})),
+            "same_world_size": same_ranks,
+            "problems": problems[:50],
+        }
+        if problems:
+            named = ", ".join(p["key"] for p in problems[:6])
+            more = f" and {len(problems) - 6} more" if len(problems) > 6 else ""
+            raise DrillEnded(
+                Reason.STATE_MISMATCH,
+                f"the state {'loaded' if what == 'at_load' else f'at step {step}'} differs from "
+                f"the run's: {named}{more} ({problems[0]['detail']})",
+            )
+
+    def replay(self, session: Session) -> dict[int, float]:
+        """K steps from the loaded state; an exception on any rank ends the drill."""
         t0 = time.perf_counter()
         losses: dict[int, float] = {}
-        for _ in range(self.k):
-            result = session.train_step()
-            losses[session.step] = result["loss"]
+        error: str | None = None
+        try:
+            for _ in range(self.k):
+                result = session.train_step()
+                losses[session.step] = result["loss"]
+        except Exception as exc:
+            error = f"step {session.step + 1}: {type(exc).__name__}: {exc}"
         self.timings["steps_s"] = time.perf_counter() - t0
         self.timings["per_step_s"] = self.timings["steps_s"] / self.k
-        step0 = int(self.manifest["step"])
+        errors = [e for e in dist.all_gather_object(error, self.env) if e]
+        if errors:
+            raise DrillEnded(
+                Reason.STEP_ERROR,
+                f"the loaded state cannot be trained: {errors[0].splitlines()[0][:400]}",
+            )
+        return losses
+
+    def compare_losses(self, losses: dict[int, float]) -> None:
         exact = self.doc["mode"] == "exact"
-        for s in range(step0 + 1, step0 + self.k + 1):
-            entry = _compare(s, losses[s], self.ref.get(s), exact, self.doc["tolerance"])
+        ref = self.reference.get("losses") or {}
+        for s in range(self.step0 + 1, self.step0 + self.k + 1):
+            reference = ref.get(str(s))
+            entry = _compare(
+                s,
+                losses[s],
+                None if reference is None else float(reference),
+                exact,
+                self.doc["tolerance"],
+            )
             self.doc["steps"].append(entry)
             if entry["ok"] is False and self.doc["first_divergence"] is None:
                 self.doc["first_divergence"] = dict(entry)
         fd = self.doc["first_divergence"]
         if fd is not None:
-            tol = self.doc["tolerance"]
-            what = "differs from" if exact else f"exceeds tolerance {tol:g} vs"
+            what = "differs from" if exact else f"exceeds tolerance {self.doc['tolerance']:g} vs"
             raise DrillEnded(
                 Reason.LOSS_DIVERGED,
                 f"loss diverged at step {fd['step']}: {fd['loss']!r} {what} reference "
                 f"{fd['reference']!r} (abs diff {fd['abs_diff']:.3g}, rel diff "
                 f"{fd['rel_diff']:.3g})",
+            )
+
+    def check_complete(self) -> None:
+        """A drill that compared fewer steps than asked proves less than it claims."""
+        if self.doc["steps_compared"] < self.k:
+            raise DrillEnded(
+                Reason.STEPS_SHORT,
+                f"the reference has {self.doc['steps_compared']} of the {self.k} steps asked "
+                "for: the drill could not compare them all",
             )
 
 
@@ -272,6 +432,24 @@ def _compare(
     }
 
 
+def _run_steps(drill: Drill, mode: str) -> None:
+    drill.read_reference()
+    drill.check_integrity()
+    drill.check_consistency()
+    drill.check_data()
+    drill.choose_mode(mode)
+    session = drill.load()
+    exact = drill.doc["mode"] == "exact"
+    # Loading moves bytes, never changes them: bit for bit on any allocation.
+    drill.compare_state(session, drill.step0, exact=True, what="at_load")
+    losses = drill.replay(session)
+    drill.compare_losses(losses)
+    end = drill.step0 + drill.k
+    if str(end) in (drill.reference.get("fingerprints") or {}):
+        drill.compare_state(session, end, exact=exact, what="at_end")
+    drill.check_complete()
+
+
 def run(
     checkpoint: str,
     reference: str,
@@ -282,29 +460,35 @@ def run(
     backend: str | None,
     tolerance: float = 1e-4,
     mode: str = "auto",
+    state_tolerance: float = DEFAULT_STATE_TOLERANCE,
 ) -> int:
-    """Returns the exit code: 0 passed, 1 failed (drill.json written by rank 0)."""
+    """Returns the exit code: 0 passed, 1 failed, 5 inconclusive (drill.json by rank 0)."""
     t_all = time.perf_counter()
-    doc = _empty_report(checkpoint, reference, k, env, device, backend=backend, tolerance=tolerance)
+    doc = _empty_report(
+        checkpoint,
+        reference,
+        k,
+        env,
+        device,
+        backend=backend,
+        tolerance=tolerance,
+        state_tolerance=state_tolerance,
+    )
     drill = Drill(checkpoint, reference, k, env, device, doc)
     drill.nodes = dist.all_gather_object(env.node, env)
     doc["allocation"]["nodes"] = drill.nodes
     try:
-        drill.check_integrity()
-        drill.read_checkpoint()
-        drill.choose_mode(mode)
-        session = drill.load()
-        drill.step_and_compare(session)
+        _run_steps(drill, mode)
         ended = DrillEnded(None, None)
     except DrillEnded as verdict:
         ended = verdict
     doc["reason_code"] = ended.code
     doc["reason"] = ended.reason
-    doc["verdict"] = "passed" if ended.code is None else "failed"
+    doc["verdict"] = verdict_for(ended.code)
     doc["timings"]["total_s"] = time.perf_counter() - t_all
     if env.rank == 0:
         os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
         ck.atomic_write_json(out, doc)
         suffix = f" [{ended.code}] {ended.reason}" if ended.code else ""
         print(f"trainer drill: {doc['verdict']}{suffix}", flush=True)
-    return 0 if ended.code is None else 1
+    return {"passed": 0, "failed": 1, "inconclusive": 5}.get(doc["verdict"], 3)

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 CHECKPOINT_FORMAT = "gantry-trainer-checkpoint/2"
 RANK_INDEX_FORMAT = "gantry-trainer-rank-index/2"
-DRILL_SCHEMA = "gantry-trainer-drill/1"
+DRILL_SCHEMA = "gantry-trainer-drill/2"
+DRILL_REFERENCE_SCHEMA = "gantry-drill-reference/1"
+FINGERPRINT_FORMAT = "gantry-state-fingerprint/1"
 ACCEPTANCE_SCHEMA = "gantry-trainer-acceptance/1"
 
 # Keys of a step line in metrics.jsonl (a line without "event").
@@ -41,35 +43,71 @@ class Event:
     ALL = frozenset({START, RESUMED, TARGET_REACHED, CHECKPOINT, CHECKPOINT_FAILED, DONE})
 
 
-class Reason:
-    """Drill reason codes (``reason_code`` in drill.json and ``verify --json``)."""
+class Verdict:
+    """A drill's verdict. Only ``passed`` proves a checkpoint restorable; only ``failed``
+    (the checkpoint is at fault) blocks resuming from it; ``inconclusive`` means the drill
+    could not judge; ``error`` means the infrastructure failed."""
 
+    PASSED = "passed"
+    FAILED = "failed"
+    INCONCLUSIVE = "inconclusive"
+    ERROR = "error"
+
+    ALL = (PASSED, FAILED, INCONCLUSIVE, ERROR)
+
+
+class Reason:
+    """Drill reason codes (``reason_code`` in drill.json and ``verify --json``), each in
+    exactly one verdict class."""
+
+    # failed: the checkpoint is at fault
     INTEGRITY_HASH_MISMATCH = "integrity_hash_mismatch"
     INTEGRITY_SIZE_MISMATCH = "integrity_size_mismatch"
     MISSING_FILE = "missing_file"
     MISSING_MANIFEST = "missing_manifest"
     MISSING_STATE = "missing_state"
-    ALLOCATION_INCOMPATIBLE = "allocation_incompatible"
+    INCONSISTENT_STATE = "inconsistent_state"
+    STATE_MISMATCH = "state_mismatch"
     LOSS_DIVERGED = "loss_diverged"
-    REFERENCE_MISSING = "reference_missing"
     LOAD_ERROR = "load_error"
+    STEP_ERROR = "step_error"
+    # inconclusive: the drill could not judge the checkpoint
+    ALLOCATION_INCOMPATIBLE = "allocation_incompatible"
+    REFERENCE_MISSING = "reference_missing"
+    REFERENCE_INCOMPLETE = "reference_incomplete"
+    STEPS_SHORT = "steps_short"
+    TRAINER_UNAVAILABLE = "trainer_unavailable"
+    DATASET_CHANGED = "dataset_changed"
+    # error: the infrastructure failed
     INFRASTRUCTURE_ERROR = "infrastructure_error"
 
-    ALL = frozenset(
+    FAILED = frozenset(
         {
             INTEGRITY_HASH_MISMATCH,
             INTEGRITY_SIZE_MISMATCH,
             MISSING_FILE,
             MISSING_MANIFEST,
             MISSING_STATE,
-            ALLOCATION_INCOMPATIBLE,
+            INCONSISTENT_STATE,
+            STATE_MISMATCH,
             LOSS_DIVERGED,
-            REFERENCE_MISSING,
             LOAD_ERROR,
-            INFRASTRUCTURE_ERROR,
+            STEP_ERROR,
         }
     )
-    # The checkpoint's files or state are damaged: resuming from it is blocked.
+    INCONCLUSIVE = frozenset(
+        {
+            ALLOCATION_INCOMPATIBLE,
+            REFERENCE_MISSING,
+            REFERENCE_INCOMPLETE,
+            STEPS_SHORT,
+            TRAINER_UNAVAILABLE,
+            DATASET_CHANGED,
+        }
+    )
+    ERROR = frozenset({INFRASTRUCTURE_ERROR})
+    ALL = FAILED | INCONCLUSIVE | ERROR
+    # The checkpoint's files or state are damaged (a subset of FAILED).
     INTEGRITY = frozenset(
         {
             INTEGRITY_HASH_MISMATCH,
@@ -79,3 +117,15 @@ class Reason:
             MISSING_STATE,
         }
     )
+
+
+def verdict_for(reason_code: str | None) -> str:
+    """The verdict class of a reason code: None is a pass; an unknown code is an error
+    (fail closed: it never proves anything and never blocks on a guess)."""
+    if not reason_code:
+        return Verdict.PASSED
+    if reason_code in Reason.FAILED:
+        return Verdict.FAILED
+    if reason_code in Reason.INCONCLUSIVE:
+        return Verdict.INCONCLUSIVE
+    return Verdict.ERROR

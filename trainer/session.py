@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from . import checkpoint as ck
-from . import dist
+from . import dist, fingerprint
 from .config import Config
 from .data import IGNORE_INDEX, MarkovSource
 from .model import TinyGPT, flops_per_token, n_params
@@ -100,6 +100,8 @@ class Session:
         self.samples_consumed = 0
         self.per_rank_batch = cfg.batch_size
         self._snap_cache: dict[str, torch.Tensor] = {}  # reused async snapshot buffers
+        # The training session's id, recorded in every rank's checkpoint files.
+        self.save_id: str | None = None
         self.autocast = (
             torch.autocast(device_type=device.type, dtype=torch.bfloat16)
             if cfg.precision == "bf16"
@@ -109,6 +111,22 @@ class Session:
     @property
     def global_batch(self) -> int:
         return self.per_rank_batch * self.world
+
+    def optimizer_param_names(self) -> list[str]:
+        """The model's parameter names in the optimizer's order (its state is by index)."""
+        names = {id(p): n for n, p in self.model.named_parameters()}
+        return [names.get(id(p), "?") for group in self.opt.param_groups for p in group["params"]]
+
+    def fingerprint_part(self, state: dict[str, Any]) -> dict[str, Any]:
+        """This rank's part of the state fingerprint, from a snapshot of its state."""
+        return fingerprint.rank_part(
+            state, rank=self.rank, param_names=self.optimizer_param_names()
+        )
+
+    def fingerprint_now(self) -> dict[str, Any]:
+        """Collective: the fingerprint of the live training state (every rank's part)."""
+        part = self.fingerprint_part(self.snapshot(copy=False))
+        return fingerprint.merge(dist.all_gather_object(part, self.env))
 
     def flops_per_token(self) -> float:
         return flops_per_token(self.cfg, self.n_params)
@@ -162,6 +180,7 @@ class Session:
 
     def meta(self) -> dict[str, Any]:
         return {
+            "save_id": self.save_id,
             "step": self.step,
             "rank": self.rank,
             "world_size": self.world,

@@ -143,6 +143,7 @@ def _manifest_extra(session: Session, device: torch.device) -> dict[str, Any]:
         "precision": cfg.precision,
         "device_type": device.type,
         "torch_threads": torch.get_num_threads(),
+        "deterministic": bool(cfg.deterministic or device.type == "cpu"),
     }
 
 
@@ -348,6 +349,8 @@ def train(
             log(f"resume latest: {note}", rank)
         cfg = cfg or validate(point.manifest["config"])
     assert cfg is not None
+    if cfg.deterministic:
+        dist.set_deterministic(device)
     session = Session(cfg, env, device)
     load_report: dict[str, Any] | None = None
     if point is not None:
@@ -360,16 +363,18 @@ def train(
             log(note, rank)
     _prepare_run_dir(session, env, backend, run_dir, point)
     save_id = dist.broadcast_object(uuid.uuid4().hex if rank == 0 else None)
+    session.save_id = save_id
     metrics = MetricsWriter(os.path.join(run_dir, "metrics.jsonl") if rank == 0 else None)
 
     def on_complete(res: dict[str, Any]) -> None:
-        keys = ("step", "path", "bytes", "write_s", "blocking_s", "async")
+        keys = ("step", "path", "bytes", "write_s", "blocking_s", "async", "fingerprint_s")
         metrics.write(
             {
                 "event": Event.CHECKPOINT,
                 "time": time.time(),
                 **{k: res[k] for k in keys},
                 "removed": res["removed"],
+                "fingerprint": res["fingerprint"],
             }
         )
 
@@ -381,6 +386,7 @@ def train(
         cfg.checkpoint_async,
         cfg.checkpoint_keep,
         on_complete if rank == 0 else None,
+        fingerprint_fn=session.fingerprint_part,
     )
     target = session.source.optimal_loss + cfg.target_epsilon
     _start_events(session, env, metrics, point, load_report)

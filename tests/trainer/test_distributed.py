@@ -156,8 +156,10 @@ def test_drill_allocation_incompatible(tmp_path):
             str(out),
         ],
     )
-    assert [p.returncode for p in procs] == [1, 1], procs[0].stderr[-2000:]
+    # Inconclusive (exit 5): the allocation says nothing about the checkpoint.
+    assert [p.returncode for p in procs] == [5, 5], procs[0].stderr[-2000:]
     doc = json.loads(out.read_text())
+    assert doc["verdict"] == "inconclusive"
     assert doc["reason_code"] == "allocation_incompatible"
     assert doc["reason"].startswith("allocation incompatible because")
 

@@ -67,14 +67,17 @@ def test_drill_fails_on_perturbed_reference(base_run, tmp_path):
 
 
 def test_drill_reference_missing_and_partial(base_run, tmp_path):
+    """What the drill cannot judge is inconclusive (exit 5): it neither proves nor blocks."""
     code, doc = drill(tmp_path, ckpt(base_run, 6), base_run / "metrics.jsonl")
-    assert code == 1 and doc["reason_code"] == "reference_missing"
+    assert code == 5 and doc["verdict"] == "inconclusive"
+    assert doc["reason_code"] == "reference_missing"
     assert "reference has no steps after 6" in doc["reason"]
     code, doc = drill(tmp_path, ckpt(base_run, 3), tmp_path / "nope.jsonl")
-    assert code == 1 and doc["reason_code"] == "reference_missing"
-    # K beyond the reference: the steps present are compared, the rest listed unchecked
+    assert code == 5 and doc["reason_code"] == "reference_missing"
+    # K beyond the reference: the steps present are compared, but fewer than asked
     code, doc = drill(tmp_path, ckpt(base_run, 3), base_run / "metrics.jsonl", 5)
-    assert code == 0 and doc["steps_compared"] == 3 and doc["steps"][-1]["ok"] is None
+    assert code == 5 and doc["verdict"] == "inconclusive" and doc["reason_code"] == "steps_short"
+    assert doc["steps_compared"] == 3 and doc["steps"][-1]["ok"] is None
 
 
 def test_reference_tolerates_half_written_last_line(base_run, tmp_path):

@@ -8,11 +8,15 @@ from pathlib import Path
 from trainer.schema import (
     ACCEPTANCE_SCHEMA,
     CHECKPOINT_FORMAT,
+    DRILL_REFERENCE_SCHEMA,
     DRILL_SCHEMA,
+    FINGERPRINT_FORMAT,
     METRIC_KEYS,
     RANK_INDEX_FORMAT,
     Event,
     Reason,
+    Verdict,
+    verdict_for,
 )
 
 SCHEMA_MD = (Path(__file__).resolve().parents[2] / "trainer" / "SCHEMA.md").read_text()
@@ -53,5 +57,24 @@ def test_metric_keys_are_the_documented_ones() -> None:
 
 
 def test_formats_are_documented() -> None:
-    for name in (CHECKPOINT_FORMAT, RANK_INDEX_FORMAT, DRILL_SCHEMA, ACCEPTANCE_SCHEMA):
+    names = (
+        CHECKPOINT_FORMAT,
+        RANK_INDEX_FORMAT,
+        DRILL_SCHEMA,
+        DRILL_REFERENCE_SCHEMA,
+        FINGERPRINT_FORMAT,
+        ACCEPTANCE_SCHEMA,
+    )
+    for name in names:
         assert name in SCHEMA_MD, name
+
+
+def test_every_reason_code_has_one_verdict_class() -> None:
+    classes = (Reason.FAILED, Reason.INCONCLUSIVE, Reason.ERROR)
+    for code in Reason.ALL:
+        assert sum(code in c for c in classes) == 1, code
+    assert verdict_for(None) == Verdict.PASSED
+    assert verdict_for("loss_diverged") == Verdict.FAILED
+    assert verdict_for("steps_short") == Verdict.INCONCLUSIVE
+    # An unknown code never proves and never blocks: fail closed.
+    assert verdict_for("something_new") == Verdict.ERROR

@@ -49,7 +49,7 @@ from .layout import (
 from .listing import Entry, apply_retention, complete_checkpoints, list_checkpoints
 from .rankfile import deserialize, load_rank, rank_files, read_index, save_rank, serialize
 from .snapshot import clone_into, clone_to_cpu, copy_tensors
-from .verify import load_manifest, read_rank, resolve, verify
+from .verify import load_manifest, rank_consistency, read_rank, resolve, verify
 from .writer import CheckpointWriter
 
 __all__ = [
@@ -75,6 +75,7 @@ __all__ = [
     "list_checkpoints",
     "load_manifest",
     "load_rank",
+    "rank_consistency",
     "rank_file_name",
     "rank_files",
     "read_index",

@@ -233,3 +233,46 @@ def resolve(run_dir: str | None, spec: str) -> tuple[str, list[str]]:
 def read_rank(path: str, rank: int = 0) -> dict[str, Any]:
     """Convenience: the verified state of ``rank`` in the checkpoint at ``path``."""
     return load_rank(path, load_manifest(path), rank)[0]
+
+
+def rank_consistency(path: str, manifest: dict[str, Any]) -> list[str]:
+    """Every rank's index agrees with the manifest and with the others: the same step,
+    save, world size and global data position, and its own rank number. A rank file copied
+    from another step or another run (its hashes made valid) is caught here. Returns the
+    problems in words (empty when consistent). Needs an intact checkpoint (``verify``)."""
+    problems: list[str] = []
+    step = int(manifest["step"])
+    world = int(manifest["world_size"])
+    save_id = manifest.get("save_id")
+    positions: dict[int, Any] = {}
+    datasets: dict[int, Any] = {}
+    for rank in range(world):
+        try:
+            entry, data_files = rank_files(manifest, rank)
+            index = read_index(path, entry, data_files)
+        except CheckpointError as exc:
+            problems.append(f"rank {rank}: {exc.reason}")
+            continue
+        state = index["state"]
+        meta = state.get("meta") if isinstance(state.get("meta"), dict) else {}
+        data = state.get("data") if isinstance(state.get("data"), dict) else {}
+        name = entry["name"]
+        if meta.get("step") != step:
+            problems.append(f"{name}: holds step {meta.get('step')}, the manifest step {step}")
+        if meta.get("rank") != rank:
+            problems.append(f"{name}: holds rank {meta.get('rank')}'s state, not rank {rank}'s")
+        if meta.get("world_size") != world or data.get("world_size") != world:
+            problems.append(
+                f"{name}: saved at world size {meta.get('world_size')}, the manifest says {world}"
+            )
+        if save_id and meta.get("save_id") not in (None, save_id):
+            problems.append(f"{name}: written by another training session than the manifest's")
+        positions[rank] = data.get("samples_consumed")
+        datasets[rank] = data.get("dataset_sha256")
+    if len(set(positions.values())) > 1:
+        problems.append(f"ranks disagree on the data position: {positions}")
+    if len(set(datasets.values())) > 1:
+        problems.append("ranks disagree on the dataset")
+    elif datasets and manifest.get("dataset_sha256") not in (None, *datasets.values()):
+        problems.append("the ranks' dataset is not the manifest's")
+    return problems

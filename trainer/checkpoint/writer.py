@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ..fingerprint import merge
 from .durable import atomic_write_json, fsync_dir
 from .layout import FORMAT, MANIFEST, fault_point, sidecar_name, step_dir_name
 from .listing import apply_retention
@@ -28,6 +29,7 @@ class CheckpointWriter:
         keep: int,
         on_complete: Callable[[dict[str, Any]], None] | None = None,
         sidecar_timeout_s: float = 1800.0,
+        fingerprint_fn: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
     ) -> None:
         self.root = root
         self.rank = rank
@@ -37,6 +39,9 @@ class CheckpointWriter:
         self.keep = keep
         self.on_complete = on_complete
         self.sidecar_timeout_s = sidecar_timeout_s
+        # This rank's part of the state fingerprint, computed from the snapshot it writes
+        # (in the writer thread, so training is not blocked by it).
+        self.fingerprint_fn = fingerprint_fn
         self._thread: threading.Thread | None = None
         self.errors: list[str] = []
         self.completed: list[dict[str, Any]] = []
@@ -89,11 +94,15 @@ class CheckpointWriter:
         d = os.path.join(self.root, step_dir_name(step))
         os.makedirs(d, exist_ok=True)
         files = save_rank(state, d, self.rank)
+        t_fingerprint = time.perf_counter()
+        part = self.fingerprint_fn(state) if self.fingerprint_fn is not None else None
+        fingerprint_s = time.perf_counter() - t_fingerprint
         info = {
             "rank": self.rank,
             "files": files,
             "keys": sorted(state.keys()),
             "save_id": self.save_id,
+            "fingerprint": part,
         }
         del state
         atomic_write_json(os.path.join(d, sidecar_name(self.rank)), info)
@@ -129,6 +138,10 @@ class CheckpointWriter:
             "save_id": self.save_id,
             **extra,
         }
+        parts = [f.get("fingerprint") for f in files]
+        fingerprint = merge([p for p in parts if p]) if all(parts) else None
+        if fingerprint is not None:
+            manifest["fingerprint"] = fingerprint
         fsync_dir(self.root)
         atomic_write_json(os.path.join(d, MANIFEST), manifest)
         removed = apply_retention(self.root, self.keep)
@@ -140,6 +153,8 @@ class CheckpointWriter:
             "blocking_s": blocked,
             "async": self.async_save,
             "removed": removed,
+            "fingerprint": fingerprint,
+            "fingerprint_s": fingerprint_s,
         }
         self.completed.append(result)
         if self.on_complete is not None:

@@ -1,0 +1,222 @@
+"""Kinds of damage to a checkpoint, for the drill tests and the corruption-coverage suite.
+
+File damage breaks what the manifest says (a truncated, missing or flipped file, a missing
+or foreign manifest, a partial directory). State damage keeps every hash valid: the rank's
+state is loaded, changed, written again in the trainer's format, and its sidecar and the
+manifest are rewritten with the new sizes and sha256 — only a comparison with the state
+Gantry recorded at save time can catch it. Each kind names the verdict class a drill must
+reach. Plain torch and the trainer's checkpoint module: no Django.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trainer import checkpoint as ck
+
+
+def _manifest(d: Path) -> dict[str, Any]:
+    return json.loads((d / "manifest.json").read_text())
+
+
+def _write_manifest(d: Path, manifest: dict[str, Any]) -> None:
+    ck.atomic_write_json(str(d / "manifest.json"), manifest)
+
+
+def rewrite_rank(d: Path, rank: int, mutate: Callable[[dict[str, Any]], None]) -> None:
+    """Load ``rank``'s state, ``mutate`` it in place, write it back in the trainer's format
+    and make the sidecar and the manifest agree (every size and sha256 valid)."""
+    manifest = _manifest(d)
+    state, _, _ = ck.load_rank(str(d), manifest, rank)
+    mutate(state)
+    for entry in [f for f in manifest["files"] if int(f["rank"]) == rank]:
+        (d / entry["name"]).unlink(missing_ok=True)
+    files = ck.save_rank(state, str(d), rank)
+    keys = sorted(state.keys())
+    sidecar = d / ck.sidecar_name(rank)
+    if sidecar.exists():
+        info = json.loads(sidecar.read_text())
+        info.update(files=files, keys=keys)
+        ck.atomic_write_json(str(sidecar), info)
+    others = [f for f in manifest["files"] if int(f["rank"]) != rank]
+    mine = [
+        {
+            "name": x["name"],
+            "rank": rank,
+            "role": x["role"],
+            "size": x["size"],
+            "sha256": x["sha256"],
+            **({"keys": keys} if x["role"] == "index" else {}),
+        }
+        for x in files
+    ]
+    manifest["files"] = sorted(
+        others + mine, key=lambda f: (int(f["rank"]), f["role"] != "index", f["name"])
+    )
+    manifest["total_bytes"] = sum(int(f["size"]) for f in manifest["files"])
+    _write_manifest(d, manifest)
+
+
+def _scale_weights(state: dict[str, Any]) -> None:
+    for value in state["model"].values():
+        if isinstance(value, torch.Tensor) and value.is_floating_point():
+            value.mul_(1.01)
+
+
+def _moments(state: dict[str, Any]) -> None:
+    for entries in state["optimizer"]["state"].values():
+        entries["exp_avg_sq"].mul_(1.5)
+
+
+def _step_counts(state: dict[str, Any]) -> None:
+    for entries in state["optimizer"]["state"].values():
+        entries["step"].add_(7)
+
+
+def _scheduler(state: dict[str, Any]) -> None:
+    state["scheduler"]["last_epoch"] += 5
+    state["scheduler"]["_step_count"] += 5
+
+
+def _data_position(state: dict[str, Any]) -> None:
+    state["data"]["samples_consumed"] += state["data"]["global_batch"]
+    state["data"]["rank_next_sample"] += state["data"]["global_batch"]
+
+
+def _rng(state: dict[str, Any]) -> None:
+    state["rng"]["torch"] = torch.Generator().manual_seed(987654).get_state()
+
+
+def _wrong_shape(state: dict[str, Any]) -> None:
+    entries = next(iter(state["optimizer"]["state"].values()))
+    entries["exp_avg"] = entries["exp_avg"].reshape(-1)[:-1].clone()
+
+
+def _missing_key(state: dict[str, Any]) -> None:
+    del state["optimizer"]
+
+
+# ---------------------------------------------------------------- file damage
+
+
+def _data_files(d: Path, rank: int = 0) -> list[Path]:
+    return sorted(d.glob(f"rank-{rank:05d}-*.bin"))
+
+
+def truncate(d: Path, other: Path) -> None:
+    path = _data_files(d)[0]
+    with open(path, "r+b") as fh:
+        fh.truncate(max(0, path.stat().st_size // 2))
+
+
+def missing_rank_file(d: Path, other: Path) -> None:
+    manifest = _manifest(d)
+    rank = max(int(f["rank"]) for f in manifest["files"])
+    (d / ck.rank_file_name(rank)).unlink()
+
+
+def missing_data_file(d: Path, other: Path) -> None:
+    _data_files(d)[-1].unlink()
+
+
+def flipped_byte(d: Path, other: Path) -> None:
+    path = _data_files(d)[0]
+    with open(path, "r+b") as fh:
+        fh.seek(path.stat().st_size // 3)
+        byte = fh.read(1)
+        fh.seek(-1, os.SEEK_CUR)
+        fh.write(bytes([byte[0] ^ 0x10]))
+
+
+def manifest_missing(d: Path, other: Path) -> None:
+    (d / "manifest.json").unlink()
+
+
+def foreign_manifest(d: Path, other: Path) -> None:
+    shutil.copyfile(other / "manifest.json", d / "manifest.json")
+
+
+def partial_directory(d: Path, other: Path) -> None:
+    """Half the files of a save: what a crash mid-write leaves, with a manifest that
+    lists them all."""
+    for path in _data_files(d)[::2]:
+        path.unlink()
+    for path in d.glob("rank-*.json"):
+        path.unlink()
+
+
+def other_step_rank_files(d: Path, other: Path) -> None:
+    """Rank 0's files copied from another step, the manifest's hashes made to match."""
+    manifest = _manifest(d)
+    theirs = _manifest(other)
+    for entry in [f for f in manifest["files"] if int(f["rank"]) == 0]:
+        (d / entry["name"]).unlink()
+    mine = [f for f in theirs["files"] if int(f["rank"]) == 0]
+    for entry in mine:
+        shutil.copyfile(other / entry["name"], d / entry["name"])
+    manifest["files"] = mine + [f for f in manifest["files"] if int(f["rank"]) != 0]
+    manifest["total_bytes"] = sum(int(f["size"]) for f in manifest["files"])
+    _write_manifest(d, manifest)
+
+
+def _state(mutate: Callable[[dict[str, Any]], None]) -> Callable[[Path, Path], None]:
+    def damage(d: Path, other: Path) -> None:
+        rewrite_rank(d, 0, mutate)
+
+    return damage
+
+
+@dataclass(frozen=True)
+class Damage:
+    name: str
+    apply: Callable[[Path, Path], None]
+    # The verdict a drill must reach, and the reason codes that are right for it.
+    verdict: str
+    codes: frozenset[str]
+    # Applies to the checkpoint on the cluster (False: to Gantry's reference instead).
+    on_files: bool = True
+
+
+def _codes(*codes: str) -> frozenset[str]:
+    return frozenset(codes)
+
+
+FILE = _codes(
+    "integrity_hash_mismatch",
+    "integrity_size_mismatch",
+    "missing_file",
+    "missing_manifest",
+    "load_error",
+)
+STATE = _codes("state_mismatch", "inconsistent_state", "missing_state", "load_error", "step_error")
+
+KINDS: list[Damage] = [
+    Damage("truncated data file", truncate, "failed", FILE),
+    Damage("missing rank file", missing_rank_file, "failed", FILE),
+    Damage("missing data file", missing_data_file, "failed", FILE),
+    Damage("flipped byte", flipped_byte, "failed", FILE),
+    Damage("manifest missing", manifest_missing, "failed", FILE),
+    Damage("manifest of another save", foreign_manifest, "failed", FILE | STATE),
+    Damage("partial directory", partial_directory, "failed", FILE),
+    Damage("weights altered 1% (hashes valid)", _state(_scale_weights), "failed", STATE),
+    Damage("optimizer moments altered (hashes valid)", _state(_moments), "failed", STATE),
+    Damage("optimizer step counts altered (hashes valid)", _state(_step_counts), "failed", STATE),
+    Damage("scheduler state altered (hashes valid)", _state(_scheduler), "failed", STATE),
+    Damage("data position altered (hashes valid)", _state(_data_position), "failed", STATE),
+    Damage("RNG altered (hashes valid)", _state(_rng), "failed", STATE),
+    Damage("rank files of another step (hashes valid)", other_step_rank_files, "failed", STATE),
+    Damage("a tensor of the wrong shape (hashes valid)", _state(_wrong_shape), "failed", STATE),
+    Damage("a missing key (hashes valid)", _state(_missing_key), "failed", STATE),
+]
+
+
+def damage_by_name(name: str) -> Damage:
+    return next(kind for kind in KINDS if kind.name == name)
