@@ -218,6 +218,8 @@ SUBMIT_UNKNOWN_GRACE_SECONDS = envint("GANTRY_SUBMIT_UNKNOWN_GRACE", 330, minimu
 # How long after an sbatch the watcher still looks for extra Slurm jobs carrying its tag.
 DUPLICATE_WATCH_SECONDS = envint("GANTRY_DUPLICATE_WATCH", 900, minimum=60)
 DRILL_DEFAULT_STEPS = envint("GANTRY_DRILL_DEFAULT_STEPS", 5, minimum=1, maximum=10000)
+# A drill replays to the original run's next checkpoint when it is at most this far.
+DRILL_MAX_REPLAY_STEPS = envint("GANTRY_DRILL_MAX_REPLAY_STEPS", 500, minimum=1, maximum=100000)
 DRILL_SUBMIT_RETRIES = envint("GANTRY_DRILL_SUBMIT_RETRIES", 6, minimum=0, maximum=50)
 
 # Caches. Login throttling counts failures in Redis, shared by every web worker.

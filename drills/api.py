@@ -17,7 +17,7 @@ from core.api import CursorPagination
 from core.permissions import IsOperator, IsResearcherOrOperator
 from drills.models import DrillPolicy, RestoreDrill
 from drills.policies import drill_policy_update
-from drills.selectors import drill_get_for_user, drill_list
+from drills.selectors import checkpoint_proofs, drill_get_for_user, drill_list
 from drills.services import checkpoint_verify_request, restore_drill_cancel, restore_drill_start
 from jobs.models import Checkpoint
 from jobs.selectors import checkpoint_get_for_user
@@ -42,7 +42,11 @@ class DrillSerializer(serializers.ModelSerializer):
             "checkpoint_step",
             "requested_by",
             "trigger",
+            "trainer",
+            "trainer_digest",
             "steps",
+            "replay_to_step",
+            "reference_digest",
             "allocation",
             "allocation_key",
             "state",
@@ -69,6 +73,8 @@ class DrillDetailSerializer(DrillSerializer):
 class CheckpointDetailSerializer(serializers.ModelSerializer):
     job = serializers.UUIDField(source="job_id", read_only=True)
     last_drill = serializers.SerializerMethodField()
+    fingerprint = serializers.SerializerMethodField()
+    proven_by = serializers.SerializerMethodField()
 
     class Meta:
         model = Checkpoint
@@ -91,7 +97,21 @@ class CheckpointDetailSerializer(serializers.ModelSerializer):
             "last_proven_at",
             "deleted_at",
             "last_drill",
+            "fingerprint",
+            "proven_by",
         ]
+
+    def get_fingerprint(self, checkpoint: Checkpoint) -> dict[str, Any] | None:
+        """Gantry's record of the state at this step (the full fingerprint is in the
+        drill reference; here, what it covers)."""
+        held = checkpoint.job.fingerprints.filter(step=checkpoint.step).first()
+        if held is None:
+            return None
+        return {"tensors": held.tensors, "source": held.source, "recorded_at": held.recorded_at}
+
+    def get_proven_by(self, checkpoint: Checkpoint) -> list[dict[str, Any]]:
+        """The trainer versions whose drills passed on this checkpoint."""
+        return checkpoint_proofs(checkpoint=checkpoint)
 
     def get_last_drill(self, checkpoint: Checkpoint) -> dict[str, Any] | None:
         drill = checkpoint.drills.order_by("-created_at").first()
@@ -132,13 +152,23 @@ class CheckpointVerifyApi(APIView):
 
 
 class DrillStartApi(APIView):
-    """Run a restore drill of this checkpoint: K steps on the same or another allocation,
-    compared with the original run. 202: poll for the verdict."""
+    """Run a restore drill of this checkpoint on the same or another allocation, compared
+    with what Gantry recorded of the original run. Without ``steps`` it replays to the
+    run's next checkpoint and compares the state there; ``trainer: current`` asks whether
+    the current trainer resumes it (a compatibility drill). 202: poll for the verdict."""
 
     permission_classes = [IsResearcherOrOperator]
 
     class InputSerializer(serializers.Serializer):
-        steps = serializers.IntegerField(min_value=1, max_value=10000, required=False)
+        steps = serializers.IntegerField(
+            min_value=1,
+            max_value=10000,
+            required=False,
+            help_text="Steps to replay; default: to the original run's next checkpoint.",
+        )
+        trainer = serializers.ChoiceField(
+            choices=RestoreDrill.Trainer.choices, default=RestoreDrill.Trainer.RECORDED
+        )
         partition = serializers.CharField(max_length=64, required=False)
         nodes = serializers.IntegerField(min_value=1, max_value=4096, required=False)
         tasks_per_node = serializers.IntegerField(min_value=1, max_value=256, required=False)
@@ -152,8 +182,13 @@ class DrillStartApi(APIView):
         data.is_valid(raise_exception=True)
         values = dict(data.validated_data)
         steps = values.pop("steps", None)
+        trainer = values.pop("trainer")
         drill = restore_drill_start(
-            actor=request.user, checkpoint=checkpoint, steps=steps, allocation=values
+            actor=request.user,
+            checkpoint=checkpoint,
+            steps=steps,
+            allocation=values,
+            trainer=trainer,
         )
         return accepted_drill(drill)
 

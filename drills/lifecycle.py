@@ -13,19 +13,26 @@ from django.db import transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 
+import trainer
 from controlplane.tasknames import DRILL_SUBMIT
 from drills.models import RestoreDrill
-from drills.verdicts import not_a_verdict, report_timings, verdict_of_report
-from jobs.lifecycle import Phase, SlurmLifecycle, slurm_phase
+from drills.reference import drill_reference, recorded_trainer_digest
+from drills.verdicts import Verdict, report_timings, verdict_of_code, verdict_of_report
+from jobs.lifecycle import Phase, SlurmLifecycle, WontSubmit, slurm_phase
 from jobs.models import Checkpoint
-from jobs.runtime import ScriptSpec, drill_dir, render_sbatch, run_dir, trainer_ensure_uploaded
+from jobs.runtime import ScriptSpec, drill_dir, render_sbatch
+from jobs.trainers import TrainerUnavailable, trainer_version_ensure
 from nodes.slurm import errors as slurm_errors
 from nodes.slurm.parsers import SlurmJob
 from nodes.slurm.transport import SshTransport
-from trainer.schema import Reason
+from trainer.schema import Reason, json_digest
+
+REFERENCE_NAME = "reference.json"
 
 
 def drill_script_spec(drill: RestoreDrill, *, trainer_path: str) -> ScriptSpec:
+    """The drill's batch script: the trainer version chosen for it, the job's environment,
+    Gantry's reference (written next to it), K steps on the drill's allocation."""
     job = drill.checkpoint.job
     cluster = job.cluster
     out_dir = drill_dir(cluster.workdir, str(job.id), str(drill.id))
@@ -51,13 +58,29 @@ def drill_script_spec(drill: RestoreDrill, *, trainer_path: str) -> ScriptSpec:
             "--checkpoint",
             drill.checkpoint.path,
             "--reference",
-            f"{run_dir(cluster.workdir, str(job.id))}/metrics.jsonl",
+            f"{out_dir}/{REFERENCE_NAME}",
             "--steps",
             str(drill.steps),
             "--out",
             f"{out_dir}/drill.json",
         ),
+        environment=tuple(sorted((job.environment or {}).items())),
     )
+
+
+def drill_trainer_digest(drill: RestoreDrill) -> str:
+    """The trainer version a drill runs: the one that wrote the checkpoint, or the current
+    one for a compatibility drill."""
+    if drill.trainer == RestoreDrill.Trainer.CURRENT:
+        return trainer.source_digest()
+    digest = recorded_trainer_digest(drill.checkpoint)
+    if not digest:
+        raise WontSubmit(
+            Reason.TRAINER_UNAVAILABLE,
+            "Gantry did not record which trainer version wrote this checkpoint; a "
+            "compatibility drill (trainer: current) can still test it",
+        )
+    return digest
 
 
 class DrillLifecycle(SlurmLifecycle[RestoreDrill]):
@@ -74,38 +97,72 @@ class DrillLifecycle(SlurmLifecycle[RestoreDrill]):
         return drill_dir(job.cluster.workdir, str(job.id), str(obj.id))
 
     def prepare(self, obj: RestoreDrill, transport: SshTransport) -> str:
-        cluster = obj.checkpoint.job.cluster
-        trainer_path = trainer_ensure_uploaded(transport, cluster.workdir)
+        """The trainer version (shipped again from Gantry's archive if the cluster lost
+        it), Gantry's reference, the script. What cannot be judged is decided here,
+        before any Slurm job: ``WontSubmit`` ends the drill inconclusive."""
+        checkpoint = obj.checkpoint
+        cluster = checkpoint.job.cluster
+        digest = drill_trainer_digest(obj)
+        try:
+            trainer_path = trainer_version_ensure(transport, cluster.workdir, digest)
+        except TrainerUnavailable as error:
+            raise WontSubmit(
+                Reason.TRAINER_UNAVAILABLE,
+                f"the trainer version that wrote this checkpoint ({digest[:12]}) is gone: "
+                f"{error}; a compatibility drill (trainer: current) can still test it",
+            ) from None
+        reference = drill_reference(checkpoint, obj.steps)
+        if str(checkpoint.step) not in reference["fingerprints"]:
+            raise WontSubmit(
+                Reason.REFERENCE_INCOMPLETE,
+                f"Gantry holds no state fingerprint of step {checkpoint.step} (a trainer "
+                "without fingerprints wrote it)",
+            )
+        reference_bytes = json.dumps(reference, sort_keys=True).encode()
         spec = drill_script_spec(obj, trainer_path=trainer_path)
         transport.makedirs(spec.run_dir)
+        transport.put_bytes(f"{spec.run_dir}/{REFERENCE_NAME}", reference_bytes)
+        values = {"trainer_digest": digest, "reference_digest": json_digest(reference)}
+        RestoreDrill.objects.filter(id=obj.id).update(**values)
+        for key, value in values.items():
+            setattr(obj, key, value)
         script = f"{spec.run_dir}/drill.sbatch"
         transport.put_bytes(script, render_sbatch(spec).encode(), mode=0o755)
         return script
 
-    def end_with_error(
-        self, drill: RestoreDrill, *, reason: str, exit_code: int | None = None
-    ) -> bool:
-        """End a drill with ``error``: it could not run. Says so in plain words."""
+    def declined(self, obj: RestoreDrill, stop: WontSubmit) -> None:
+        self.end_with(obj, verdict_of_code(stop.code, stop.reason))
+
+    def end_with(self, drill: RestoreDrill, verdict: Verdict, exit_code: int | None = None) -> bool:
+        """End a drill that produced no report, with ``verdict`` (inconclusive or error)."""
         drill.refresh_from_db()
         if drill.is_final:
             return False
         return self.transition(
             drill,
             RestoreDrill.State.FINISHED,
-            verdict=RestoreDrill.Verdict.ERROR,
-            reason=not_a_verdict(reason)[:4000],
-            reason_code=Reason.INFRASTRUCTURE_ERROR,
+            verdict=verdict.verdict,
+            reason=verdict.reason[:4000],
+            reason_code=verdict.reason_code[:64],
             finished_at=timezone.now(),
             exit_code=exit_code,
             submit_lease_until=None,
         )
 
+    def end_with_error(
+        self, drill: RestoreDrill, *, reason: str, exit_code: int | None = None
+    ) -> bool:
+        """End a drill with ``error``: it could not run. Says so in plain words."""
+        return self.end_with(
+            drill, verdict_of_code(Reason.INFRASTRUCTURE_ERROR, reason), exit_code=exit_code
+        )
+
     def apply_report(
         self, drill: RestoreDrill, *, report: dict[str, Any], exit_code: int | None
     ) -> bool:
-        """Store the verdict from ``drill.json``; a pass proves the checkpoint restorable,
-        a failed integrity blocks resuming from it."""
-        verdict = verdict_of_report(report)
+        """Store the verdict from ``drill.json``: only a pass proves the checkpoint
+        restorable; only a failure (the checkpoint is at fault) blocks resuming from it."""
+        verdict = verdict_of_report(report, drill)
         now = timezone.now()
         values: dict[str, Any] = {
             "verdict": verdict.verdict,
@@ -129,8 +186,12 @@ class DrillLifecycle(SlurmLifecycle[RestoreDrill]):
             elif verdict.blocks_resume:
                 Checkpoint.objects.filter(pk=drill.checkpoint_id).update(
                     integrity=Checkpoint.Integrity.FAILED,
-                    integrity_detail=verdict.reason[:2000],
+                    integrity_detail=f"drill failed [{verdict.reason_code}]: {verdict.reason}"[
+                        :2000
+                    ],
                     integrity_checked_at=now,
+                    # An earlier pass no longer stands: the checkpoint is damaged now.
+                    last_proven_at=None,
                 )
         return True
 
@@ -184,7 +245,7 @@ class DrillLifecycle(SlurmLifecycle[RestoreDrill]):
                 "(checkpoint_keep) while the drill ran",
                 exit_code=record.exit_code,
             )
-        if isinstance(report, dict) and report.get("verdict"):
+        if isinstance(report, dict) and report.get("schema"):
             return self.apply_report(obj, report=report, exit_code=record.exit_code)
         return self.end_with_error(
             obj,

@@ -30,9 +30,14 @@ class RestoreDrill(SlurmTracked):
         CANCELLED = "cancelled"
 
     class Verdict(models.TextChoices):
-        PASSED = "passed"
-        FAILED = "failed"
+        PASSED = "passed", "passed (proven restorable)"
+        FAILED = "failed", "failed (the checkpoint is at fault; resume blocked)"
+        INCONCLUSIVE = "inconclusive", "inconclusive (the drill could not judge)"
         ERROR = "error", "error (the drill could not run; not a verdict on the checkpoint)"
+
+    class Trainer(models.TextChoices):
+        RECORDED = "recorded", "the version that wrote the checkpoint"
+        CURRENT = "current", "the current version (compatibility drill)"
 
     class Trigger(models.TextChoices):
         MANUAL = "manual"
@@ -55,6 +60,14 @@ class RestoreDrill(SlurmTracked):
         related_name="restore_drills",
     )
     steps = models.PositiveIntegerField(default=5, validators=[MinValueValidator(1)])
+    # The original run's next checkpoint, which the drill replays to and whose state it
+    # compares (null: K steps, compared by loss only).
+    replay_to_step = models.PositiveIntegerField(null=True, blank=True)
+    trainer = models.CharField(max_length=16, choices=Trainer.choices, default=Trainer.RECORDED)
+    # What the drill ran: the trainer version (sha256 of its sources) and the reference
+    # Gantry wrote (sha256 of its canonical JSON; the report must name the same).
+    trainer_digest = models.CharField(max_length=64, blank=True)
+    reference_digest = models.CharField(max_length=64, blank=True)
     allocation = models.JSONField(
         default=dict, help_text="nodes, gpus_per_node, tasks_per_node, partition"
     )

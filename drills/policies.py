@@ -73,10 +73,12 @@ def drill_policies_apply() -> int:
             if room <= 0:
                 break
             try:
+                # To the run's next checkpoint where there is one; else the policy's K steps.
                 restore_drill_start(
                     actor=None,
                     checkpoint=checkpoint,
-                    steps=policy.steps,
+                    steps=None,
+                    fallback_steps=policy.steps,
                     trigger=trigger,
                 )
             except ApplicationError as error:
@@ -88,12 +90,17 @@ def drill_policies_apply() -> int:
 
 
 def _newest_drillable_checkpoint(job: Job, steps: int) -> Checkpoint | None:
-    """The newest checkpoint still on the cluster that the original run logged ``steps``
-    steps after: a drill compares against those. (The final checkpoint of a run has no
-    steps after it, so the last drillable one is the one before it.)"""
+    """The newest checkpoint still on the cluster whose state Gantry recorded and that the
+    original run logged ``steps`` steps after: a drill compares against those. (The final
+    checkpoint of a run has no steps after it, so the last drillable one is the one
+    before it.)"""
     last_step = job.last_step or 0
     return (
-        job.checkpoints.filter(deleted_at__isnull=True, step__lte=last_step - steps)
+        job.checkpoints.filter(
+            deleted_at__isnull=True,
+            step__lte=last_step - steps,
+            step__in=job.fingerprints.values("step"),
+        )
         .order_by("-step")
         .first()
     )

@@ -6,11 +6,12 @@ from typing import Any
 from uuid import UUID
 
 from django.core.exceptions import ValidationError
-from django.db.models import OuterRef, QuerySet, Subquery
+from django.db.models import Count, Max, OuterRef, QuerySet, Subquery
 from django.http import Http404
 
 from core.errors import FieldError
 from drills.models import RestoreDrill
+from drills.reference import recorded_trainer_digest
 from jobs.models import Checkpoint, Job
 from jobs.selectors import job_list_for_user
 
@@ -78,6 +79,9 @@ def drill_fleet_health(*, user: Any) -> dict[str, Any]:
         drills.filter(verdict=RestoreDrill.Verdict.FAILED).order_by("-finished_at")[:10]
     )
     errors = list(drills.filter(verdict=RestoreDrill.Verdict.ERROR).order_by("-finished_at")[:5])
+    inconclusive = list(
+        drills.filter(verdict=RestoreDrill.Verdict.INCONCLUSIVE).order_by("-finished_at")[:5]
+    )
     load_times = list(
         drills.filter(verdict=RestoreDrill.Verdict.PASSED, load_s__isnull=False)
         .order_by("-finished_at")
@@ -93,10 +97,34 @@ def drill_fleet_health(*, user: Any) -> dict[str, Any]:
         "proven_share": (proven / running) if running else None,
         "recent_failures": failures,
         "recent_errors": errors,
+        "recent_inconclusive": inconclusive,
         "load_times": sorted(load_times),
         "in_flight": in_flight,
         "proven_checkpoints": proven_checkpoints,
         "passed": drills.filter(verdict=RestoreDrill.Verdict.PASSED).count(),
         "failed": drills.filter(verdict=RestoreDrill.Verdict.FAILED).count(),
+        "inconclusive": drills.filter(verdict=RestoreDrill.Verdict.INCONCLUSIVE).count(),
         "errored": drills.filter(verdict=RestoreDrill.Verdict.ERROR).count(),
     }
+
+
+def checkpoint_proofs(*, checkpoint: Checkpoint) -> list[dict[str, Any]]:
+    """Which trainer versions proved ``checkpoint`` restorable: per version, how many
+    drills passed, the newest pass, and whether it was the version that wrote it."""
+    rows = (
+        RestoreDrill.objects.filter(checkpoint=checkpoint, verdict=RestoreDrill.Verdict.PASSED)
+        .exclude(trainer_digest="")
+        .values("trainer_digest")
+        .annotate(passes=Count("id"), last_passed_at=Max("finished_at"))
+        .order_by("-last_passed_at")
+    )
+    wrote_it = recorded_trainer_digest(checkpoint)
+    return [
+        {
+            "trainer_digest": row["trainer_digest"],
+            "passes": row["passes"],
+            "last_passed_at": row["last_passed_at"],
+            "wrote_it": row["trainer_digest"] == wrote_it,
+        }
+        for row in rows
+    ]

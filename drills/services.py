@@ -22,7 +22,8 @@ from core.errors import ConflictError, FieldError
 from core.roles import is_operator
 from drills.lifecycle import DRILLS
 from drills.models import RestoreDrill
-from jobs.models import Checkpoint, Job, MetricPoint
+from drills.reference import has_fingerprint, losses_logged, next_checkpoint_step
+from jobs.models import Checkpoint, Job, StateFingerprint
 from jobs.runtime import trainer_ensure_uploaded
 from jobs.validation import JobRequest, job_request_validate
 from nodes.cluster_access import transport_for
@@ -79,15 +80,31 @@ def _check_allocation(job: Job, allocation: dict[str, Any]) -> None:
 
 def _check_reference(checkpoint: Checkpoint, steps: int) -> None:
     """The original run must have logged the steps a drill compares with."""
-    logged_after = MetricPoint.objects.filter(
-        job=checkpoint.job, step__gt=checkpoint.step, step__lte=checkpoint.step + steps
-    ).count()
+    logged_after = losses_logged(checkpoint, steps)
     if logged_after < steps:
         raise FieldError(
             "steps",
             f"the original run logged {logged_after} step(s) after step {checkpoint.step}; "
             f"a drill compares against them, so at most {logged_after} can be checked",
         )
+
+
+def drill_plan(checkpoint: Checkpoint, steps: int | None, fallback: int) -> tuple[int, int | None]:
+    """How far a drill replays: (steps, the step whose state it compares at the end).
+
+    Without ``steps``: to the original run's next checkpoint (bounded by
+    ``GANTRY_DRILL_MAX_REPLAY_STEPS``), comparing its state; without one, ``fallback``
+    steps compared by loss. With ``steps``: that many, and the state at the end too when
+    a checkpoint of the run is exactly there."""
+    start = checkpoint.step
+    if steps is None:
+        target = next_checkpoint_step(checkpoint)
+        if target is not None and losses_logged(checkpoint, target - start) == target - start:
+            return target - start, target
+        steps = fallback
+    end = start + steps
+    held = StateFingerprint.objects.filter(job_id=checkpoint.job_id, step=end).exists()
+    return steps, end if held else None
 
 
 def restore_drill_start(
@@ -97,12 +114,17 @@ def restore_drill_start(
     steps: int | None = None,
     allocation: dict[str, Any] | None = None,
     trigger: str = RestoreDrill.Trigger.MANUAL,
+    trainer: str = RestoreDrill.Trainer.RECORDED,
+    fallback_steps: int | None = None,
 ) -> RestoreDrill:
     """Create a drill and hand it to the submit task after commit.
 
-    ``actor`` None means Gantry itself (a scheduled policy). Refused, with the reason: an
-    allocation the cluster cannot give, more steps than the original run logged after the
-    checkpoint, or the same checkpoint and allocation already being drilled.
+    ``steps`` None: replay to the original run's next checkpoint (``drill_plan``).
+    ``trainer``: ``recorded`` (the version that wrote the checkpoint) or ``current`` (a
+    compatibility drill). ``actor`` None means Gantry itself (a scheduled policy). Refused,
+    with the reason: a checkpoint whose state Gantry never recorded, an allocation the
+    cluster cannot give, more steps than the original run logged after the checkpoint, or
+    the same checkpoint, allocation and trainer already being drilled.
     """
     job = checkpoint.job
     if actor is not None:
@@ -113,13 +135,23 @@ def restore_drill_start(
             f"step {checkpoint.step} was removed from the cluster by the trainer's retention "
             f"(checkpoint_keep={job.config.get('checkpoint_keep')}); nothing left to drill",
         )
-    steps = steps or settings.DRILL_DEFAULT_STEPS
-    if steps < 1:
+    if trainer not in RestoreDrill.Trainer.values:
+        raise FieldError("trainer", f"one of {', '.join(RestoreDrill.Trainer.values)}")
+    if steps is not None and steps < 1:
         raise FieldError("steps", "at least 1")
+    if not has_fingerprint(checkpoint):
+        raise FieldError(
+            "checkpoint",
+            f"Gantry holds no state fingerprint of step {checkpoint.step} (a trainer without "
+            "fingerprints wrote it), so a drill could not judge it",
+        )
+    steps, replay_to = drill_plan(checkpoint, steps, fallback_steps or settings.DRILL_DEFAULT_STEPS)
     chosen = allocation_for(job, allocation)
     _check_allocation(job, chosen)
     _check_reference(checkpoint, steps)
     key = allocation_key(chosen)
+    if trainer == RestoreDrill.Trainer.CURRENT:
+        key = f"{key}:trainer-current"
     conflict = ConflictError(
         f"A drill of step {checkpoint.step} on this allocation ({key}) is already running; "
         "wait for its verdict or cancel it."
@@ -135,6 +167,8 @@ def restore_drill_start(
                 cluster=job.cluster,
                 requested_by=actor,
                 steps=steps,
+                replay_to_step=replay_to,
+                trainer=trainer,
                 allocation=chosen,
                 allocation_key=key,
                 trigger=trigger,
@@ -143,7 +177,14 @@ def restore_drill_start(
                 actor=actor,
                 action=AuditAction.DRILL_START,
                 target=drill,
-                details={"checkpoint_step": checkpoint.step, "allocation": key, "trigger": trigger},
+                details={
+                    "checkpoint_step": checkpoint.step,
+                    "allocation": key,
+                    "trigger": trigger,
+                    "steps": steps,
+                    "replay_to_step": replay_to,
+                    "trainer": trainer,
+                },
             )
             drill_id = str(drill.id)
             transaction.on_commit(lambda: DRILLS.enqueue_submit(drill_id))

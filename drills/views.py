@@ -19,7 +19,13 @@ from core.errors import ApplicationError, FieldError
 from core.roles import is_operator
 from drills.models import DrillPolicy, RestoreDrill
 from drills.policies import drill_policy_update
-from drills.selectors import drill_fleet_health, drill_get_for_user, drill_list
+from drills.reference import next_checkpoint_step
+from drills.selectors import (
+    checkpoint_proofs,
+    drill_fleet_health,
+    drill_get_for_user,
+    drill_list,
+)
 from drills.services import (
     allocation_for,
     checkpoint_verify_request,
@@ -60,6 +66,9 @@ def checkpoint_page(request: HttpRequest, job_id: uuid.UUID, step: int) -> HttpR
             "can_act": can_act(request.user, owner_id=job.owner_id),
             "versions": json.dumps(checkpoint.manifest.get("versions") or {}, indent=2),
             "default_steps": min(5, max(1, (job.last_step or 0) - checkpoint.step)),
+            "next_step": next_checkpoint_step(checkpoint),
+            "fingerprint": job.fingerprints.filter(step=checkpoint.step).first(),
+            "proofs": checkpoint_proofs(checkpoint=checkpoint),
         },
     )
 
@@ -83,6 +92,7 @@ def checkpoint_drill_action(request: HttpRequest, checkpoint_id: int) -> HttpRes
             checkpoint=checkpoint,
             steps=_int(request.POST.get("steps")),
             allocation=allocation,
+            trainer=request.POST.get("trainer") or RestoreDrill.Trainer.RECORDED,
         )
     except ApplicationError as error:
         messages.error(request, error.message)
@@ -109,6 +119,13 @@ def drill_detail_page(request: HttpRequest, drill_id: uuid.UUID) -> HttpResponse
     evidence = drill.evidence or {}
     steps = [s for s in (evidence.get("steps") or []) if isinstance(s, dict)]
     job = drill.checkpoint.job
+    state = evidence.get("state")
+    state = state if isinstance(state, dict) else {}
+    state_checks = [
+        {"label": label, **state[key]}
+        for key, label in (("at_load", "as loaded"), ("at_end", "after replay"))
+        if isinstance(state.get(key), dict)
+    ]
     return render(
         request,
         "drills/drill_detail.html",
@@ -116,6 +133,7 @@ def drill_detail_page(request: HttpRequest, drill_id: uuid.UUID) -> HttpResponse
             "drill": drill,
             "job": job,
             "steps": steps,
+            "state_checks": state_checks,
             "ranks": [r for r in (evidence.get("ranks") or []) if isinstance(r, dict)],
             "timings": evidence.get("timings") or {},
             "evidence_json": json.dumps(evidence, indent=2, sort_keys=True) if evidence else "",

@@ -16,8 +16,8 @@ from typing import Any
 from django.db import connection, transaction
 
 from jobs.job_lifecycle import job_event
-from jobs.models import Checkpoint, Job, MetricPoint
-from trainer.schema import METRIC_KEYS, Event
+from jobs.models import Checkpoint, Job, MetricPoint, StateFingerprint
+from trainer.schema import FINGERPRINT_FORMAT, METRIC_KEYS, Event
 
 logger = logging.getLogger(__name__)
 
@@ -95,6 +95,8 @@ def metrics_ingest(*, job: Job, data: bytes, start_offset: int) -> tuple[int, in
             kind = str(event.get("event"))
             if kind in _TIMELINE_EVENTS:
                 job_event(job, kind, message=_describe_trainer_event(event))
+            elif kind == Event.CHECKPOINT:
+                fingerprint_store(job=job, step=event.get("step"), data=event.get("fingerprint"))
     job.metrics_offset = new_offset
     return len(points), new_offset
 
@@ -175,6 +177,26 @@ def _describe_trainer_event(event: dict[str, Any]) -> str:
     return json.dumps(event)[:500]
 
 
+def fingerprint_store(
+    *, job: Job, step: Any, data: Any, source: str = StateFingerprint.Source.EVENT
+) -> bool:
+    """Keep the state fingerprint the trainer logged for ``step``. From an event the last
+    one wins (a resumed run that saves the step again replaces it); from a manifest only
+    when no event brought one. Anything not shaped like a fingerprint is ignored."""
+    if not isinstance(data, dict) or data.get("format") != FINGERPRINT_FORMAT:
+        return False
+    tensors = data.get("tensors")
+    if not isinstance(step, int) or not isinstance(tensors, dict) or data.get("step") != step:
+        logger.warning("job %s: malformed state fingerprint for step %r ignored", job.id, step)
+        return False
+    values = {"data": data, "tensors": len(tensors), "source": source}
+    if source == StateFingerprint.Source.EVENT:
+        StateFingerprint.objects.update_or_create(job=job, step=step, defaults=values)
+        return True
+    _, created = StateFingerprint.objects.get_or_create(job=job, step=step, defaults=values)
+    return created
+
+
 def checkpoint_register(
     *, job: Job, manifest_path: str, manifest: dict[str, Any]
 ) -> Checkpoint | None:
@@ -197,6 +219,9 @@ def checkpoint_register(
             saved_at = datetime.fromisoformat(created.replace("Z", "+00:00"))
         except ValueError:
             saved_at = None
+    # The fingerprint is kept once, in its own table (the manifest's copy is dropped).
+    fingerprint = manifest.pop("fingerprint", None)
+    fingerprint_store(job=job, step=step, data=fingerprint, source=StateFingerprint.Source.MANIFEST)
     checkpoint, created_now = Checkpoint.objects.get_or_create(
         job=job,
         step=step,

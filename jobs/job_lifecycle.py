@@ -15,6 +15,7 @@ from jobs.lifecycle import SlurmLifecycle, slurm_phase
 from jobs.models import Job, JobEvent
 from jobs.runtime import render_sbatch, run_dir, trainer_ensure_uploaded
 from jobs.script import job_script_spec
+from jobs.trainers import archive_current
 from nodes.slurm.parsers import SlurmJob
 from nodes.slurm.transport import SshTransport
 
@@ -83,7 +84,13 @@ class JobLifecycle(SlurmLifecycle[Job]):
     def prepare(self, obj: Job, transport: SshTransport) -> str:
         cluster = obj.cluster
         directory = self.run_directory(obj)
+        # Keep this trainer version (Gantry's archive and the cluster's copy): drills of
+        # the job's checkpoints run the version that wrote them.
+        digest = archive_current()
         trainer_path = trainer_ensure_uploaded(transport, cluster.workdir)
+        if obj.trainer_digest != digest:
+            Job.objects.filter(id=obj.id).update(trainer_digest=digest)
+            obj.trainer_digest = digest
         transport.makedirs(directory)
         transport.put_bytes(f"{directory}/config.json", json.dumps(obj.config, indent=2).encode())
         resume_path = obj.resume_from.path if obj.resume_from else None

@@ -124,6 +124,9 @@ class Job(SlurmTracked):
     last_step = models.PositiveIntegerField(null=True, blank=True)
     metrics_offset = models.BigIntegerField(default=0)
     acceptance = models.JSONField(null=True, blank=True)
+    # The trainer version Gantry shipped for this job (sha256 of its sources): a drill of
+    # its checkpoints runs this version, kept on the cluster by digest.
+    trainer_digest = models.CharField(max_length=64, blank=True)
     # Mean samples/s of the newest logged steps, kept by the watcher: lists and the
     # overview read one column instead of aggregating metric points per row.
     throughput_now = models.FloatField(null=True, blank=True)
@@ -263,3 +266,33 @@ class Checkpoint(models.Model):
 
     def __str__(self) -> str:
         return f"{self.job.name} step {self.step}"
+
+
+class StateFingerprint(models.Model):
+    """The training state at a checkpoint's step, as the trainer fingerprinted it at save
+    time (``trainer/SCHEMA.md``): held by Gantry, so that a drill compares what it loads
+    with Gantry's copy, not with files on the cluster that could be damaged too.
+
+    From the ``checkpoint`` event in metrics.jsonl (the last one for a step wins, like
+    losses: a resumed run that saves the step again replaces it), else from the manifest.
+    """
+
+    class Source(models.TextChoices):
+        EVENT = "event", "checkpoint event"
+        MANIFEST = "manifest"
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="fingerprints")
+    step = models.PositiveIntegerField()
+    data = models.JSONField()
+    tensors = models.PositiveIntegerField(default=0)
+    source = models.CharField(max_length=16, choices=Source.choices)
+    recorded_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["job", "step"]
+        constraints = [
+            models.UniqueConstraint(fields=["job", "step"], name="fingerprint_unique_step")
+        ]
+
+    def __str__(self) -> str:
+        return f"fingerprint of {self.job_id}@{self.step}"

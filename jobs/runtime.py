@@ -150,14 +150,12 @@ def trainer_files() -> list[tuple[str, bytes]]:
     return files
 
 
-def trainer_ensure_uploaded(transport: FileTransport, workdir: str) -> str:
-    """Ship the trainer to ``<workdir>/trainer/<digest>/trainer`` unless it is there.
-
-    The ``.complete`` marker is written last, so a half-finished upload is redone.
-    Returns the directory to put on PYTHONPATH.
-    """
-    digest = trainer.source_digest()
-    target = trainer_dir(workdir, digest)
+def trainer_upload(
+    transport: FileTransport, target: str, files: list[tuple[str, bytes]], digest: str
+) -> str:
+    """Ship ``files`` (relative path, bytes) to ``<target>/trainer`` unless the
+    ``.complete`` marker, written last, says they are there (a half-finished upload is
+    redone). Returns the directory to put on PYTHONPATH."""
     key = (id(transport), target)
     with _upload_lock:
         if key in _uploaded:
@@ -166,10 +164,17 @@ def trainer_ensure_uploaded(transport: FileTransport, workdir: str) -> str:
         if not transport.exists(marker):
             package = f"{target}/trainer"
             transport.makedirs(package)
-            for relative, data in trainer_files():
+            for relative, data in files:
                 if "/" in relative:
                     transport.makedirs(f"{package}/{relative.rsplit('/', 1)[0]}")
                 transport.put_bytes(f"{package}/{relative}", data)
             transport.put_bytes(marker, f"{digest}\n".encode())
         _uploaded.add(key)
     return target
+
+
+def trainer_ensure_uploaded(transport: FileTransport, workdir: str) -> str:
+    """Ship the current trainer to ``<workdir>/trainer/<digest>/trainer`` unless it is
+    there. Returns the directory to put on PYTHONPATH."""
+    digest = trainer.source_digest()
+    return trainer_upload(transport, trainer_dir(workdir, digest), trainer_files(), digest)

@@ -40,7 +40,7 @@ from . import dist, fingerprint
 from .config import Config, ConfigError, validate
 from .data import MarkovSource
 from .metrics import read_jsonl
-from .schema import DRILL_REFERENCE_SCHEMA, DRILL_SCHEMA, Event, Reason, verdict_for
+from .schema import DRILL_REFERENCE_SCHEMA, DRILL_SCHEMA, Event, Reason, json_digest, verdict_for
 from .session import Session
 
 SCHEMA = DRILL_SCHEMA
@@ -157,7 +157,7 @@ class Drill:
 
     def read_reference(self) -> None:
         self.reference = read_reference(self.reference_path)
-        self.doc["reference_digest"] = fingerprint.digest(self.reference)
+        self.doc["reference_digest"] = json_digest(self.reference)
 
     def check_integrity(self) -> None:
         """Rank 0 checks every file (each rank re-verifies what it loads later)."""

@@ -6,6 +6,11 @@ test checks the two agree.
 
 from __future__ import annotations
 
+import hashlib
+import json
+import math
+from typing import Any
+
 CHECKPOINT_FORMAT = "gantry-trainer-checkpoint/2"
 RANK_INDEX_FORMAT = "gantry-trainer-rank-index/2"
 DRILL_SCHEMA = "gantry-trainer-drill/2"
@@ -129,3 +134,20 @@ def verdict_for(reason_code: str | None) -> str:
     if reason_code in Reason.INCONCLUSIVE:
         return Verdict.INCONCLUSIVE
     return Verdict.ERROR
+
+
+def json_digest(value: Any) -> str:
+    """sha256 of a JSON value's canonical form (sorted keys, no spaces, non-finite floats
+    as their repr): Gantry and the trainer name the same reference by the same digest."""
+
+    def convert(obj: Any) -> Any:
+        if isinstance(obj, dict):
+            return {str(k): convert(v) for k, v in obj.items()}
+        if isinstance(obj, list | tuple):
+            return [convert(v) for v in obj]
+        if isinstance(obj, float) and not math.isfinite(obj):
+            return repr(obj)
+        return obj
+
+    canonical = json.dumps(convert(value), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()

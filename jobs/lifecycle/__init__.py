@@ -21,7 +21,7 @@ and the run directories say, read in a constant number of commands), ``phases``.
 
 from __future__ import annotations
 
-from jobs.lifecycle.kind import Tracked
+from jobs.lifecycle.kind import Tracked, WontSubmit
 from jobs.lifecycle.phases import SLURM_STATE_MAP, Phase, is_final_phase, slurm_phase
 from jobs.lifecycle.submit import slurm_error_as_application_error
 from jobs.lifecycle.views import (
@@ -50,6 +50,7 @@ __all__ = [
     "Phase",
     "SlurmLifecycle",
     "SlurmViews",
+    "WontSubmit",
     "directory_evidence",
     "is_final_phase",
     "slurm_error_as_application_error",

@@ -17,6 +17,16 @@ from nodes.slurm.transport import SshTransport
 Tracked = TypeVar("Tracked", bound=SlurmTracked)
 
 
+class WontSubmit(Exception):
+    """Raised by ``prepare``: Gantry decided, before any sbatch, that this object cannot
+    run (``code`` says why, in the kind's terms); ``declined`` ends it."""
+
+    def __init__(self, code: str, reason: str) -> None:
+        super().__init__(reason)
+        self.code = code
+        self.reason = reason
+
+
 class SlurmKind(Generic[Tracked]):
     """Subclasses set the class attributes and the hooks (what differs between kinds)."""
 
@@ -62,6 +72,10 @@ class SlurmKind(Generic[Tracked]):
     def prepare(self, obj: Tracked, transport: SshTransport) -> str:
         """Write the run files and the sbatch script; return the script's path."""
         raise NotImplementedError
+
+    def declined(self, obj: Tracked, stop: WontSubmit) -> None:
+        """``prepare`` found the object cannot run; nothing was sent to Slurm."""
+        self.refused(obj, stop.reason)
 
     def refused(self, obj: Tracked, reason: str) -> None:
         """Slurm refused the job (a permanent error): end the object, saying why."""

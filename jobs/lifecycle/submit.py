@@ -21,7 +21,7 @@ from django.utils import timezone
 
 from core.errors import ApplicationError, ConflictError
 from core.faults import faultpoint
-from jobs.lifecycle.kind import SlurmKind, Tracked
+from jobs.lifecycle.kind import SlurmKind, Tracked, WontSubmit
 from jobs.lifecycle.phases import Phase, slurm_phase
 from nodes.cluster_access import slurm_client_for, transport_for
 from nodes.models import Cluster
@@ -96,7 +96,11 @@ class Submission(SlurmKind[Tracked]):
             # Slurm may still be about to queue it. Only the watcher may decide it is absent.
             self.outcome_unknown(obj, "an earlier sbatch was sent and its answer never came back")
             return "outcome of an earlier sbatch unknown; the watcher will resolve it"
-        script_path = self.prepare(obj, transport_for(obj.cluster))
+        try:
+            script_path = self.prepare(obj, transport_for(obj.cluster))
+        except WontSubmit as stop:
+            self.declined(obj, stop)
+            return f"not submitted: {stop.reason}"
         faultpoint(f"{self.faultpoint_prefix}.before_sbatch")
         return self._send_sbatch(obj, client, script_path, tag)
 

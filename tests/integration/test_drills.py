@@ -131,12 +131,17 @@ def test_drills_pass_and_every_corruption_fails_with_its_reason(
     devcluster: DevCluster,
 ) -> None:
     worker = celery_stack["worker"]
-    job = wait_finished(run_job(researcher_api, steps=40, every=5, name="drilled"), worker)
+    job = wait_finished(run_job(researcher_api, steps=50, every=5, name="drilled"), worker)
     checkpoints = {c.step: c for c in job.checkpoints.all()}
-    assert sorted(checkpoints)[:7] == [5, 10, 15, 20, 25, 30, 35]
+    assert sorted(checkpoints)[:9] == [5, 10, 15, 20, 25, 30, 35, 40, 45]
+    # Gantry holds the state of every checkpoint, from the trainer's checkpoint events.
+    assert set(job.fingerprints.values_list("step", flat=True)) >= set(checkpoints)
 
-    same = start_drill(researcher_api, checkpoints[10], steps=3)
-    other = start_drill(researcher_api, checkpoints[15], steps=3, nodes=1)
+    # By default a drill replays to the run's next checkpoint and compares its state.
+    same = start_drill(researcher_api, checkpoints[10])
+    other = start_drill(researcher_api, checkpoints[15], nodes=1)
+    assert RestoreDrill.objects.get(id=same).replay_to_step == 15
+    assert RestoreDrill.objects.get(id=same).steps == 5
     # The same checkpoint and allocation cannot be drilled twice at once.
     duplicate = researcher_api.post(
         f"/api/v1/checkpoints/{checkpoints[10].pk}/drills/", {"steps": 3}, format="json"
@@ -145,7 +150,7 @@ def test_drills_pass_and_every_corruption_fails_with_its_reason(
     assert "already running" in duplicate.json()["message"]
     # The final checkpoint has no steps after it to compare with.
     final = researcher_api.post(
-        f"/api/v1/checkpoints/{checkpoints[40].pk}/drills/", {"steps": 3}, format="json"
+        f"/api/v1/checkpoints/{checkpoints[50].pk}/drills/", {"steps": 3}, format="json"
     )
     assert final.status_code == 400 and "steps" in final.json()["extra"]["fields"]
 
@@ -153,12 +158,25 @@ def test_drills_pass_and_every_corruption_fails_with_its_reason(
     for step, (corrupt, reason_code, mention) in zip([20, 25, 30, 35, 5], CORRUPTIONS, strict=True):
         corrupt(checkpoint_dir(devcluster, checkpoints[step]))
         corrupted[start_drill(researcher_api, checkpoints[step], steps=3)] = (reason_code, mention)
+    # 1% on the weights with every hash, sidecar and manifest recomputed, and the run's own
+    # metrics.jsonl "fixed" to match: only Gantry's fingerprint can tell, on another shape.
+    from drill_damage import KINDS
+
+    weights = next(k for k in KINDS if k.name.startswith("weights altered"))
+    weights.apply(
+        checkpoint_dir(devcluster, checkpoints[40]), checkpoint_dir(devcluster, checkpoints[45])
+    )
+    tampered = start_drill(researcher_api, checkpoints[40], nodes=1)
 
     passed_same = wait_verdict(same, worker)
     assert passed_same.verdict == "passed", passed_same.reason
     assert passed_same.evidence["mode"] == "exact"
     assert all(step["ok"] and step["abs_diff"] == 0 for step in passed_same.evidence["steps"])
+    assert passed_same.evidence["state"]["at_load"]["compared"]
+    assert passed_same.evidence["state"]["at_end"]["step"] == 15
+    assert passed_same.evidence["reference_digest"] == passed_same.reference_digest
     assert passed_same.load_s is not None and passed_same.integrity_s is not None
+    assert passed_same.trainer_digest == job.__class__.objects.get(id=job.id).trainer_digest
     checkpoints[10].refresh_from_db()
     assert checkpoints[10].last_proven_at is not None and checkpoints[10].integrity == "ok"
 
@@ -166,6 +184,11 @@ def test_drills_pass_and_every_corruption_fails_with_its_reason(
     assert passed_other.verdict == "passed", passed_other.reason
     assert passed_other.evidence["mode"] == "tolerance"
     assert passed_other.evidence["allocation"]["world_size"] == 1
+    assert passed_other.evidence["state"]["at_end"]["step"] == 20
+
+    caught = wait_verdict(tampered, worker)
+    assert caught.verdict == "failed", caught.reason
+    assert caught.reason_code == "state_mismatch" and "model/" in caught.reason
 
     for drill_id, (reason_code, mention) in corrupted.items():
         drill = wait_verdict(drill_id, worker)
@@ -184,6 +207,72 @@ def test_drills_pass_and_every_corruption_fails_with_its_reason(
     assert "integrity" in blocked.json()["extra"]["fields"]["checkpoint"][0]
     detail = researcher_api.get(f"/api/v1/drills/{same}/").json()
     assert detail["verdict"] == "passed" and detail["evidence"]["steps"]
+    panel = researcher_api.get(f"/api/v1/checkpoints/{checkpoints[10].pk}/").json()
+    assert panel["fingerprint"]["tensors"] > 0
+    assert [p["wrote_it"] for p in panel["proven_by"]] == [True]
+
+
+def _trainer_variant(marker: str) -> tuple[str, list[tuple[str, bytes]]]:
+    """Another trainer version: today's files plus one module, under its own digest."""
+    from jobs.runtime import trainer_files
+    from jobs.trainers import _digest_of
+
+    files = [*trainer_files(), ("_variant.py", f"# {marker}\n".encode())]
+    return _digest_of(files), files
+
+
+def test_drill_runs_the_recorded_trainer_version_and_a_compatibility_drill_the_current(
+    dev_cluster_registered: Any,
+    celery_stack: Any,
+    researcher_api: APIClient,
+    devcluster: DevCluster,
+    tmp_path: Path,
+) -> None:
+    import io
+    import zipfile
+
+    import trainer
+    from jobs.trainers import archive_path
+
+    worker = celery_stack["worker"]
+    job = wait_finished(run_job(researcher_api, steps=10, every=5, name="versions"), worker)
+    checkpoint = job.checkpoints.get(step=5)
+    assert job.trainer_digest == trainer.source_digest()
+
+    # Pretend an older trainer wrote it: Gantry keeps that version's archive only (the
+    # cluster never saw it), so the drill ships it again and runs it.
+    older, files = _trainer_variant("an older trainer")
+    path = archive_path(older)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        for name, data in files:
+            archive.writestr(name, data)
+    path.write_bytes(buffer.getvalue())
+    Job.objects.filter(id=job.id).update(trainer_digest=older)
+    recorded = start_drill(researcher_api, checkpoint)
+    compatibility = start_drill(researcher_api, checkpoint, trainer="current")
+    ran = wait_verdict(recorded, worker)
+    assert ran.verdict == "passed", ran.reason
+    assert ran.trainer_digest == older
+    assert (Path(devcluster.workdir) / "trainer" / older[:20] / ".complete").exists()
+    compatible = wait_verdict(compatibility, worker)
+    assert compatible.verdict == "passed", compatible.reason
+    assert compatible.trainer_digest == trainer.source_digest()
+    panel = researcher_api.get(f"/api/v1/checkpoints/{checkpoint.pk}/").json()
+    assert {(p["trainer_digest"], p["wrote_it"]) for p in panel["proven_by"]} == {
+        (older, True),
+        (trainer.source_digest(), False),
+    }
+
+    # A version neither Gantry nor the cluster holds: inconclusive, before any Slurm job.
+    gone, _ = _trainer_variant("a trainer nobody kept")
+    Job.objects.filter(id=job.id).update(trainer_digest=gone)
+    unavailable = wait_verdict(start_drill(researcher_api, checkpoint), worker)
+    assert unavailable.verdict == "inconclusive", unavailable.reason
+    assert unavailable.reason_code == "trainer_unavailable" and not unavailable.slurm_job_id
+    checkpoint.refresh_from_db()
+    assert checkpoint.integrity != "failed"  # inconclusive never blocks resuming
 
 
 def test_sshd_down_gives_error_not_failed_and_drills_recover(
