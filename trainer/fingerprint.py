@@ -3,16 +3,23 @@ the same however the state is sharded across ranks.
 
 Per tensor (keyed ``model/<name>``, ``optimizer/<param name>/<key>``):
 
-* ``lhash`` — an exact 64-bit linear hash of the tensor's raw bits, each element weighted
-  by a pseudo-random function of its *global* position (mod 2**64). Shards' contributions
-  add up, so every world size and sharding of the same global tensor gives the same value,
-  and any changed bit changes it (not a cryptographic digest: it guards against damage and
-  drift, not against someone forging a matching tensor);
-* ``sha256`` of its bytes, when one rank holds the whole tensor;
-* float64 ``sum`` and ``sumsq`` (the L2 norm is its square root);
-* ``sketch`` — ``SKETCH`` float64 random projections (signs by global position), from which
-  the relative L2 distance between two states is estimated where they cannot be equal bit
-  for bit (another allocation, a GPU).
+* ``lhash`` — an exact 32-bit digest of the tensor's bytes: the sum of its 32-bit words,
+  each weighted by an odd pseudo-random function of its *global* position (mod 2**32).
+  Shards' contributions add up, so every world size and sharding of the same global
+  tensor gives the same value, and any single changed element always changes it (an odd
+  weight has no zero divisor mod 2**32); several changes cancel with probability ~2**-32
+  per tensor. Not cryptographic: it guards against damage and drift, not against someone
+  forging a matching tensor — and the copy it is compared with is Gantry's, not the
+  cluster's. 32 bits, not 64, for speed: one int32 multiply-accumulate pass is what keeps
+  the drill's bit-for-bit check of the loaded state within 10% of its load time;
+* ``sum`` and ``sumsq`` in float64 (the L2 norm is the root of ``sumsq``);
+* ``sketch`` — ``SKETCH`` random projections (signs by global position), from which the
+  relative L2 distance between two states is estimated where they cannot be equal bit for
+  bit (another allocation, a GPU).
+
+Speed: position weights and signs come from tables built once (``_Tables``); per element
+the work is one integer multiply-add and a small float32 matrix product, so fingerprinting
+costs a fraction of reading the checkpoint (``bench/fingerprint_bench.py``).
 
 Non-tensor state (the scheduler, the optimizer's hyper-parameters) is a digest of its
 canonical JSON; the data position and each rank's RNG state are digests too. Computed in
@@ -26,6 +33,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import threading
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -36,9 +44,10 @@ from .schema import FINGERPRINT_FORMAT
 
 FORMAT = FINGERPRINT_FORMAT
 SKETCH = 8
-CHUNK = 1 << 20  # elements per pass: bounded memory for any tensor size
+BLOCK = 1 << 20  # elements: position weights are cached for one block
+ROW = 64  # the sketch's signs: a row sign (per ROW elements) times a column pattern
 _MASK64 = (1 << 64) - 1
-_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+_MASK32 = (1 << 32) - 1
 # Odd 64-bit constants (splitmix64), as signed int64 for torch.
 _C1 = 0x9E3779B97F4A7C15 - (1 << 64)
 _C2 = 0xBF58476D1CE4E5B9 - (1 << 64)
@@ -56,64 +65,151 @@ def _lshr(x: torch.Tensor, bits: int) -> torch.Tensor:
 
 
 def _mix(index: torch.Tensor, salt: int) -> torch.Tensor:
-    """splitmix64 of global element positions (int64, wrapping), one value per element."""
+    """splitmix64 of positions (int64, wrapping), one value per element."""
     x = index * _C1 + _signed(salt * 0xD6E8FEB86659FD93)
     x = (x ^ _lshr(x, 30)) * _C2
     x = (x ^ _lshr(x, 27)) * _C3
     return x ^ _lshr(x, 31)
 
 
-def _raw_bits(flat: torch.Tensor) -> torch.Tensor:
-    """The elements' raw bits as non-negative int64 values."""
+def _mix_int(value: int, salt: int) -> int:
+    """``_mix`` of one position, in plain integers (unsigned 64-bit result)."""
+    x = (value * (_C1 & _MASK64) + (salt * 0xD6E8FEB86659FD93)) & _MASK64
+    x = ((x ^ (x >> 30)) * (_C2 & _MASK64)) & _MASK64
+    x = ((x ^ (x >> 27)) * (_C3 & _MASK64)) & _MASK64
+    return x ^ (x >> 31)
+
+
+class _Tables:
+    """Position tables, built once: the element weight of position ``i`` is
+    ``weights[i % BLOCK] * block_weight(i // BLOCK)`` (both odd, so every changed element
+    changes the hash), and its sketch sign for projection ``j`` is
+    ``rows[(i // ROW) % (BLOCK // ROW)] * block_sign(i // BLOCK) * columns[i % ROW, j]``
+    (products of independent signs: pairwise uncorrelated, as a random projection needs)."""
+
+    def __init__(self) -> None:
+        index = torch.arange(BLOCK, dtype=torch.int64)
+        # Odd 32-bit weights, as int32 (the products wrap at 32 bits, as intended).
+        weights = (_mix(index, 1) | 1) & 0xFFFFFFFF
+        self.weights = torch.where(weights >= 1 << 31, weights - (1 << 32), weights).to(torch.int32)
+        rows = torch.arange(BLOCK // ROW, dtype=torch.int64)
+        self.rows = ((_lshr(_mix(rows, 2), 7) & 1) * 2 - 1).to(torch.float32)
+        cells = _mix(torch.arange(ROW * SKETCH, dtype=torch.int64), 3)
+        self.columns = ((_lshr(cells, 11) & 1) * 2 - 1).to(torch.float32).reshape(ROW, SKETCH)
+
+
+_tables: _Tables | None = None
+_tables_lock = threading.Lock()
+_scratch = threading.local()
+
+
+def _get_tables() -> _Tables:
+    """The tables (~40 ms to build, once per process; ``prepare`` builds them early)."""
+    global _tables
+    with _tables_lock:
+        if _tables is None:
+            _tables = _Tables()
+        return _tables
+
+
+def prepare() -> threading.Thread:
+    """Build the tables in the background now, off the critical path of a later call."""
+    thread = threading.Thread(target=_get_tables, name="fingerprint-tables", daemon=True)
+    thread.start()
+    return thread
+
+
+def _buffer(length: int) -> torch.Tensor:
+    """A per-thread int32 scratch buffer (products are written there, not allocated)."""
+    buffer = getattr(_scratch, "buffer", None)
+    if buffer is None:
+        buffer = _scratch.buffer = torch.empty(BLOCK, dtype=torch.int32)
+    return buffer[:length]
+
+
+def _words(flat: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """The tensor's raw bytes as 32-bit words (int32) and how many words per element:
+    4-byte elements are one word, 8-byte ones two, 2- and 1-byte ones zero-extended."""
     size = flat.element_size()
-    if flat.dtype == torch.bool:
-        return flat.to(torch.int64)
-    view = flat.view(_BITS[size]).to(torch.int64)
-    return view if size == 8 else view & ((1 << (8 * size)) - 1)
+    if size == 4:
+        return flat.view(torch.int32), 1
+    if size == 8:
+        return flat.view(torch.int32), 2
+    if size == 2:
+        return flat.view(torch.int16).to(torch.int32) & 0xFFFF, 1
+    return flat.view(torch.uint8).to(torch.int32), 1
 
 
-def _chunks(flat: torch.Tensor, offset: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    for start in range(0, flat.numel(), CHUNK):
-        piece = flat[start : start + CHUNK]
-        index = torch.arange(offset + start, offset + start + piece.numel(), dtype=torch.int64)
-        yield piece, index
+def _pieces(offset: int, n: int) -> Iterator[tuple[int, int, int, int]]:
+    """Cut the global positions ``[offset, offset + n)`` at block boundaries:
+    (start in the local tensor, length, block number, position in the block)."""
+    done = 0
+    while done < n:
+        position = offset + done
+        block, inside = divmod(position, BLOCK)
+        length = min(n - done, BLOCK - inside)
+        yield done, length, block, inside
+        done += length
+
+
+def _sketch_piece(values: torch.Tensor, inside: int, block: int, t: _Tables) -> torch.Tensor:
+    """The 8 projections of one piece (float32 values at block positions from ``inside``)."""
+    head = inside % ROW
+    padded = values
+    if head or (head + values.numel()) % ROW:
+        tail = (-(head + values.numel())) % ROW
+        padded = torch.nn.functional.pad(values, (head, tail))
+    rows = padded.view(-1, ROW) @ t.columns  # (rows, SKETCH)
+    first = inside // ROW
+    signs = t.rows[first : first + rows.shape[0]]
+    if _mix_int(block, 4) & 1:
+        signs = -signs
+    return signs @ rows
 
 
 def tensor_part(
-    tensor: torch.Tensor, *, offset: int = 0, global_shape: Iterable[int] | None = None
+    tensor: torch.Tensor,
+    *,
+    offset: int = 0,
+    global_shape: Iterable[int] | None = None,
+    full: bool = True,
 ) -> dict[str, Any]:
     """The fingerprint contribution of ``tensor``, which holds the elements
     ``[offset, offset + numel)`` of the flattened global tensor (``global_shape``; the
-    tensor itself when None). ``sha256`` only when it is the whole tensor."""
+    tensor itself when None). Contributions of shards add up to the whole tensor's.
+    ``full`` False: the exact digest only (no sums, no sketch), for bit-for-bit checks."""
     t = tensor.detach()
     if t.device.type != "cpu":
         t = t.cpu()
     flat = t.contiguous().reshape(-1)
     shape = list(global_shape) if global_shape is not None else list(t.shape)
-    whole = offset == 0 and math.prod(shape) == flat.numel()
-    lhash = torch.zeros((), dtype=torch.int64)
-    total = 0.0
-    squares = 0.0
-    sketch = [0.0] * SKETCH
-    for piece, index in _chunks(flat, offset):
-        lhash = lhash + (_raw_bits(piece) * _mix(index, 1)).sum()
-        values = piece.to(torch.float64)
-        total += float(values.sum())
-        squares += float((values * values).sum())
-        signs = _mix(index, 2)
-        for j in range(SKETCH):
-            sign = (_lshr(signs, j) & 1).to(torch.float64) * 2 - 1
-            sketch[j] += float((values * sign).sum())
+    tables = _get_tables()
+    words, per_element = _words(flat)
+    lhash = 0
+    for start, length, block, inside in _pieces(offset * per_element, words.numel()):
+        product = torch.mul(
+            words[start : start + length],
+            tables.weights[inside : inside + length],
+            out=_buffer(length),
+        )
+        # Summed mod 2**32 (int32 accumulation: one pass over the products).
+        lhash += int(product.sum(dtype=torch.int32)) * (_mix_int(block, 5) | 1)
     part: dict[str, Any] = {
         "shape": shape,
         "dtype": str(t.dtype).removeprefix("torch."),
-        "lhash": int(lhash) & _MASK64,
-        "sum": total,
-        "sumsq": squares,
-        "sketch": sketch,
+        "lhash": lhash & _MASK32,
     }
-    if whole:
-        part["sha256"] = hashlib.sha256(_bytes(flat)).hexdigest()
+    if not full:
+        return part
+    total = 0.0
+    squares = 0.0
+    sketch = torch.zeros(SKETCH, dtype=torch.float64)
+    for start, length, block, inside in _pieces(offset, flat.numel()):
+        values = flat[start : start + length].to(torch.float32)
+        total += float(values.sum(dtype=torch.float64))
+        squares += float(torch.sum(values * values, dtype=torch.float64))
+        sketch += _sketch_piece(values, inside, block, tables).to(torch.float64)
+    part.update(sum=total, sumsq=squares, sketch=[float(v) for v in sketch])
     return part
 
 
@@ -158,19 +254,19 @@ def combine(parts: list[dict[str, Any]]) -> dict[str, Any]:
     combined: dict[str, Any] = {
         "shape": first["shape"],
         "dtype": first["dtype"],
-        "lhash": sum(int(p["lhash"]) for p in parts) & _MASK64,
-        "sum": sum(float(p["sum"]) for p in parts),
-        "sumsq": sum(float(p["sumsq"]) for p in parts),
-        "sketch": [sum(float(p["sketch"][j]) for p in parts) for j in range(SKETCH)],
+        "lhash": sum(int(p["lhash"]) for p in parts) & _MASK32,
     }
-    whole = [p for p in parts if "sha256" in p]
-    if len(whole) == 1:
-        combined["sha256"] = whole[0]["sha256"]
+    if all("sketch" in p for p in parts):
+        combined.update(
+            sum=sum(float(p["sum"]) for p in parts),
+            sumsq=sum(float(p["sumsq"]) for p in parts),
+            sketch=[sum(float(p["sketch"][j]) for p in parts) for j in range(SKETCH)],
+        )
     return combined
 
 
 def merge(rank_parts: list[dict[str, Any]]) -> dict[str, Any]:
-    """The global fingerprint from every rank's part (see ``Fingerprinter.part``)."""
+    """The global fingerprint from every rank's part (``rank_part``)."""
     tensors: dict[str, list[dict[str, Any]]] = {}
     scalars: dict[str, str] = {}
     rng: dict[str, str] = {}
@@ -267,11 +363,10 @@ def _tensor_problem(
             "detail": f"{seen['dtype']}{seen['shape']} != saved {wanted['dtype']}{wanted['shape']}",
         }
     if exact:
-        same = int(seen["lhash"]) == int(wanted["lhash"])
-        if same and "sha256" in seen and "sha256" in wanted:
-            same = seen["sha256"] == wanted["sha256"]
-        if same:
+        if int(seen["lhash"]) == int(wanted["lhash"]):
             return None
+        if "sketch" not in seen or "sketch" not in wanted:
+            return {"key": key, "kind": "bits", "detail": "differs bit for bit"}
         distance = relative_l2(seen, wanted)
         return {
             "key": key,
@@ -279,6 +374,9 @@ def _tensor_problem(
             "detail": f"differs bit for bit (estimated relative L2 {distance:.3g})",
             "rel_l2": distance,
         }
+    if "sketch" not in seen or "sketch" not in wanted:
+        # Fail closed: without the numbers a distance needs, no tolerance can be judged.
+        return {"key": key, "kind": "distance", "detail": "no sketch to estimate a distance"}
     distance = relative_l2(seen, wanted)
     scale = norm(wanted)
     norm_gap = abs(norm(seen) - scale) / scale if scale else abs(norm(seen))
@@ -295,23 +393,26 @@ def _tensor_problem(
 # ---------------------------------------------------------------- one rank's state
 
 
-def rank_part(state: dict[str, Any], *, rank: int, param_names: list[str]) -> dict[str, Any]:
+def rank_part(
+    state: dict[str, Any], *, rank: int, param_names: list[str], full: bool = True
+) -> dict[str, Any]:
     """This rank's contribution to the fingerprint of a checkpoint state (the rank's
     snapshot: ``model``, ``optimizer``, ``scheduler`` where it holds them, and always
     ``rng``, ``data``, ``meta``). ``param_names``: the model's parameter names in the
-    optimizer's order, so optimizer state is keyed by name whatever the world size."""
+    optimizer's order, so optimizer state is keyed by name whatever the world size.
+    ``full`` False: exact digests only (a bit-for-bit comparison needs nothing more)."""
     tensors: dict[str, Any] = {}
     scalars: dict[str, str] = {}
     for name, value in (state.get("model") or {}).items():
         if isinstance(value, torch.Tensor):
-            tensors[f"model/{name}"] = tensor_part(value)
+            tensors[f"model/{name}"] = tensor_part(value, full=full)
     optimizer = state.get("optimizer")
     if optimizer is not None:
         for index, entries in optimizer.get("state", {}).items():
             name = param_names[int(index)] if int(index) < len(param_names) else f"#{index}"
             for key, value in entries.items():
                 if isinstance(value, torch.Tensor):
-                    tensors[f"optimizer/{name}/{key}"] = tensor_part(value)
+                    tensors[f"optimizer/{name}/{key}"] = tensor_part(value, full=full)
                 else:
                     scalars[f"optimizer/{name}/{key}"] = digest(value)
         groups = [

@@ -117,15 +117,16 @@ class Session:
         names = {id(p): n for n, p in self.model.named_parameters()}
         return [names.get(id(p), "?") for group in self.opt.param_groups for p in group["params"]]
 
-    def fingerprint_part(self, state: dict[str, Any]) -> dict[str, Any]:
+    def fingerprint_part(self, state: dict[str, Any], full: bool = True) -> dict[str, Any]:
         """This rank's part of the state fingerprint, from a snapshot of its state."""
         return fingerprint.rank_part(
-            state, rank=self.rank, param_names=self.optimizer_param_names()
+            state, rank=self.rank, param_names=self.optimizer_param_names(), full=full
         )
 
-    def fingerprint_now(self) -> dict[str, Any]:
-        """Collective: the fingerprint of the live training state (every rank's part)."""
-        part = self.fingerprint_part(self.snapshot(copy=False))
+    def fingerprint_now(self, full: bool = True) -> dict[str, Any]:
+        """Collective: the fingerprint of the live training state (every rank's part);
+        ``full`` False: exact digests only, enough for a bit-for-bit comparison."""
+        part = self.fingerprint_part(self.snapshot(copy=False), full=full)
         return fingerprint.merge(dist.all_gather_object(part, self.env))
 
     def flops_per_token(self) -> float:
