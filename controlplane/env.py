@@ -6,6 +6,7 @@ and says what is wrong, so start-up fails with a message a person can act on.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -77,6 +78,25 @@ def envlist(
     if raw is None:
         return list(default)
     return [item.strip() for item in raw.split(",") if item.strip()]
+
+
+def envnetworks(
+    name: str, *, environ: Mapping[str, str] | None = None
+) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
+    """Comma-separated IP addresses or CIDR networks (``10.0.0.5, 192.168.0.0/24``).
+
+    A bare address is a network of one; host bits set under a prefix are refused, since
+    ``10.0.0.5/24`` is more likely a typo than a wish for all of 10.0.0.0/24.
+    """
+    networks: list[ipaddress.IPv4Network | ipaddress.IPv6Network] = []
+    for item in envlist(name, [], environ=environ):
+        try:
+            networks.append(ipaddress.ip_network(item))
+        except ValueError as error:
+            raise ImproperlyConfigured(
+                f"{name}: {item!r} is not an IP address or CIDR network ({error})."
+            ) from None
+    return networks
 
 
 def envsecret(name: str, *, environ: Mapping[str, str] | None = None) -> str | None:

@@ -16,6 +16,7 @@ from controlplane.env import (
     envbool,
     envint,
     envlist,
+    envnetworks,
     envsecret,
     envstr,
     redis_url,
@@ -230,10 +231,25 @@ CACHES = {
         "OPTIONS": {"MAX_ENTRIES": 2000},
     },
     "ratelimit": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL},
+    # Watcher and SSH timings, written by the Celery workers and read by /metrics in the
+    # web process (see controlplane.pages.metrics). Short timeouts: Redis being down must not
+    # stall a watcher cycle or a scrape.
+    "worker_stats": {
+        "BACKEND": "django.core.cache.backends.redis.RedisCache",
+        "LOCATION": REDIS_URL,
+        "KEY_PREFIX": "gantry-worker-stats",
+        "TIMEOUT": None,
+        "OPTIONS": {"socket_connect_timeout": 1, "socket_timeout": 1},
+    },
 }
 LOGIN_MAX_FAILURES = envint("GANTRY_LOGIN_MAX_FAILURES", 5, minimum=1)
 LOGIN_FAILURE_WINDOW = envint("GANTRY_LOGIN_FAILURE_WINDOW", 300, minimum=10)
 TOKEN_MAX_FAILURES = envint("GANTRY_TOKEN_MAX_FAILURES", 30, minimum=1)
+
+# Prometheus metrics at /metrics: refused unless the scraper sends this bearer token or
+# comes from one of these addresses (REMOTE_ADDR; behind a proxy that is the proxy's).
+METRICS_TOKEN = envsecret("GANTRY_METRICS_TOKEN")
+METRICS_ALLOW = envnetworks("GANTRY_METRICS_ALLOW")
 
 # REST API.
 REST_FRAMEWORK = {

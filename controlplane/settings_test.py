@@ -59,4 +59,9 @@ CACHES = {
         "BACKEND": "django.core.cache.backends.locmem.LocMemCache",
         "LOCATION": f"ratelimit-{os.getpid()}",
     },
+    "worker_stats": {
+        "BACKEND": "django.core.cache.backends.locmem.LocMemCache",
+        "LOCATION": f"worker-stats-{os.getpid()}",
+        "TIMEOUT": None,
+    },
 }

@@ -10,6 +10,7 @@ from django.urls import URLPattern, URLResolver, include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from controlplane import pages
+from controlplane.pages import metrics
 from core.ratelimit import RateLimitedLoginView
 
 api_v1: list[URLPattern | URLResolver] = [
@@ -29,12 +30,14 @@ urlpatterns = [
     path("", include("jobs.urls")),
     path("", include("drills.urls")),
     path("studies/", include("studies.urls")),
+    path("account/", include("core.urls")),
     path("accounts/login/", RateLimitedLoginView.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),
     path("api/v1/", include((api_v1, "api"), namespace="api")),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
+    path("metrics", metrics.metrics_view, name="metrics"),
 ]
 
 handler400 = "core.errors.handler400"

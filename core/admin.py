@@ -1,10 +1,12 @@
 from __future__ import annotations
 
-from django.contrib import admin
+from django.contrib import admin, messages
+from django.db.models import QuerySet
 from django.http import HttpRequest
 
 from core.admin_helpers import admin_link
-from core.models import AuditEvent
+from core.models import ApiToken, AuditEvent
+from core.services import api_token_revoke_by_operator
 
 admin.site.site_header = "Gantry operations"
 admin.site.site_title = "Gantry admin"
@@ -35,6 +37,56 @@ class AuditEventAdmin(admin.ModelAdmin):
     @admin.display(description="actor")
     def actor_link(self, obj: AuditEvent) -> str:
         return admin_link(obj.actor)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
+
+@admin.register(ApiToken)
+class ApiTokenAdmin(admin.ModelAdmin):
+    """Read-only: people make their tokens at /account/tokens/; an operator may revoke any
+    (one that leaked, one of someone who left). The secret is not here: only its hash is kept.
+    """
+
+    list_display = [
+        "name",
+        "user",
+        "prefix",
+        "created_at",
+        "expires_at",
+        "last_used_at",
+        "revoked_at",
+    ]
+    list_filter = [
+        ("revoked_at", admin.EmptyFieldListFilter),
+        ("expires_at", admin.EmptyFieldListFilter),
+    ]
+    search_fields = ["name", "prefix", "user__username"]
+    list_select_related = ["user"]
+    readonly_fields = (
+        "user",
+        "name",
+        "prefix",
+        "created_at",
+        "expires_at",
+        "last_used_at",
+        "revoked_at",
+    )
+    fields = readonly_fields
+    actions = ["revoke"]
+
+    @admin.action(description="Revoke the selected tokens")
+    def revoke(self, request: HttpRequest, queryset: QuerySet[ApiToken]) -> None:
+        tokens = list(queryset)
+        for token in tokens:
+            api_token_revoke_by_operator(actor=request.user, token=token)
+        self.message_user(request, f"{len(tokens)} token(s) revoked.", messages.SUCCESS)
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False

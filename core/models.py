@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+import hashlib
+from datetime import datetime
+
 from django.conf import settings
 from django.db import models
 
@@ -32,3 +35,51 @@ class AuditEvent(models.Model):
     def __str__(self) -> str:
         who = self.actor_name or "system"
         return f"{self.at:%Y-%m-%d %H:%M:%S} {who} {self.action} {self.target_repr}"
+
+
+class ApiToken(models.Model):
+    """A personal API token. Only the SHA-256 of its secret is kept; the secret is shown
+    once, when the token is created (``core.services.api_token_create``)."""
+
+    # Tells a personal token from a DRF authtoken key (40 hex digits) without a lookup,
+    # and lets secret scanners recognise a leaked one.
+    SECRET_PREFIX = "gty_"  # noqa: S105
+    # The first characters of the secret, shown in lists so a person can tell tokens
+    # apart; "gty_" plus four random characters reveals too little to guess the rest.
+    SHOWN_PREFIX_LENGTH = 8
+
+    class Status(models.TextChoices):
+        ACTIVE = "active"
+        EXPIRED = "expired"
+        REVOKED = "revoked"
+
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens"
+    )
+    name = models.CharField(max_length=64)
+    prefix = models.CharField(max_length=SHOWN_PREFIX_LENGTH)
+    key_hash = models.CharField(max_length=64, unique=True, help_text="SHA-256 of the secret, hex")
+    created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField(null=True, blank=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        verbose_name = "API token"
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.prefix}…)"
+
+    @staticmethod
+    def hash_secret(secret: str) -> str:
+        # A fast hash is enough: the secret has 256 bits of randomness, so there is no
+        # dictionary to try, unlike a password.
+        return hashlib.sha256(secret.encode()).hexdigest()
+
+    def status_at(self, now: datetime) -> str:
+        if self.revoked_at is not None:
+            return self.Status.REVOKED
+        if self.expires_at is not None and self.expires_at <= now:
+            return self.Status.EXPIRED
+        return self.Status.ACTIVE

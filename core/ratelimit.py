@@ -16,8 +16,11 @@ from django.conf import settings
 from django.contrib.auth import views as auth_views
 from django.core.cache import caches
 from django.http import HttpRequest, HttpResponse
+from django.utils import timezone
 from rest_framework.authentication import TokenAuthentication
 from rest_framework.exceptions import AuthenticationFailed, Throttled
+
+from core.models import ApiToken
 
 logger = logging.getLogger(__name__)
 
@@ -118,7 +121,35 @@ class RateLimitedLoginView(auth_views.LoginView):
 
 
 class ThrottledTokenAuthentication(TokenAuthentication):
-    """Token auth that stops answering a client address after many bad tokens (429)."""
+    """Token auth that stops answering a client address after many bad tokens (429).
+
+    ``Authorization: Token <secret>`` takes a personal token (``core.models.ApiToken``,
+    made at /account/tokens/, recognised by its ``gty_`` prefix) or, as before, a DRF
+    authtoken key made in the admin. A wrong, expired or revoked token is a 401 and counts
+    as a bad token for the address.
+    """
+
+    def authenticate_credentials(self, key: str) -> Any:
+        # Imported here: DRF imports this class while rest_framework.views is first being
+        # imported, which core.services does (through core.errors) before it is complete.
+        from core.selectors import api_token_find_by_secret
+        from core.services import api_token_record_use
+
+        if not key.startswith(ApiToken.SECRET_PREFIX):
+            return super().authenticate_credentials(key)
+        token = api_token_find_by_secret(secret=key)
+        if token is None:
+            raise AuthenticationFailed("Invalid token.")
+        now = timezone.now()
+        status = token.status_at(now)
+        if status == ApiToken.Status.REVOKED:
+            raise AuthenticationFailed("Token revoked.")
+        if status == ApiToken.Status.EXPIRED:
+            raise AuthenticationFailed("Token expired.")
+        if not token.user.is_active:
+            raise AuthenticationFailed("User inactive or deleted.")
+        api_token_record_use(token=token, now=now)
+        return token.user, token
 
     def authenticate(self, request: Any) -> Any:
         counter = FailureCounter(

@@ -77,5 +77,9 @@ def roles_sync() -> None:
     grants = list(
         Permission.objects.filter(content_type__app_label__in=["nodes", "jobs", "drills"])
     )
-    grants += [permission("core.view_auditevent"), permission("authtoken.view_token")]
+    grants += [
+        permission("core.view_auditevent"),
+        permission("core.view_apitoken"),
+        permission("authtoken.view_token"),
+    ]
     operators.permissions.set(grants)

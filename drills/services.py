@@ -107,6 +107,27 @@ def drill_plan(checkpoint: Checkpoint, steps: int | None, fallback: int) -> tupl
     return steps, end if held else None
 
 
+def _check_drillable(checkpoint: Checkpoint, *, steps: int | None, trainer: str) -> None:
+    """Refuse a checkpoint that is gone or that Gantry could not judge, and bad arguments."""
+    job = checkpoint.job
+    if checkpoint.deleted_at is not None:
+        raise FieldError(
+            "checkpoint",
+            f"step {checkpoint.step} was removed from the cluster by the trainer's retention "
+            f"(checkpoint_keep={job.config.get('checkpoint_keep')}); nothing left to drill",
+        )
+    if trainer not in RestoreDrill.Trainer.values:
+        raise FieldError("trainer", f"one of {', '.join(RestoreDrill.Trainer.values)}")
+    if steps is not None and steps < 1:
+        raise FieldError("steps", "at least 1")
+    if not has_fingerprint(checkpoint):
+        raise FieldError(
+            "checkpoint",
+            f"Gantry holds no state fingerprint of step {checkpoint.step} (a trainer without "
+            "fingerprints wrote it), so a drill could not judge it",
+        )
+
+
 def restore_drill_start(
     *,
     actor: Any,
@@ -129,22 +150,7 @@ def restore_drill_start(
     job = checkpoint.job
     if actor is not None:
         require_can_act(actor, owner_id=job.owner_id, what="run drills on this job")
-    if checkpoint.deleted_at is not None:
-        raise FieldError(
-            "checkpoint",
-            f"step {checkpoint.step} was removed from the cluster by the trainer's retention "
-            f"(checkpoint_keep={job.config.get('checkpoint_keep')}); nothing left to drill",
-        )
-    if trainer not in RestoreDrill.Trainer.values:
-        raise FieldError("trainer", f"one of {', '.join(RestoreDrill.Trainer.values)}")
-    if steps is not None and steps < 1:
-        raise FieldError("steps", "at least 1")
-    if not has_fingerprint(checkpoint):
-        raise FieldError(
-            "checkpoint",
-            f"Gantry holds no state fingerprint of step {checkpoint.step} (a trainer without "
-            "fingerprints wrote it), so a drill could not judge it",
-        )
+    _check_drillable(checkpoint, steps=steps, trainer=trainer)
     steps, replay_to = drill_plan(checkpoint, steps, fallback_steps or settings.DRILL_DEFAULT_STEPS)
     chosen = allocation_for(job, allocation)
     _check_allocation(job, chosen)

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from django.urls import reverse
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_field
 from rest_framework import generics, serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -15,8 +16,15 @@ from core.api import CursorPagination
 from core.errors import FieldError
 from core.permissions import IsResearcherOrOperator
 from jobs.models import Checkpoint, Job, JobEvent
+from jobs.pending import pending_reason
 from jobs.placement import job_request_with_advice, placement_advice_for_request
-from jobs.selectors import job_get_for_user, job_list, job_metrics
+from jobs.selectors import (
+    job_get_for_user,
+    job_goodput,
+    job_list,
+    job_metrics,
+    job_queue_position,
+)
 from jobs.services import job_cancel, job_log_tail, job_preview, job_resume, job_submit
 from jobs.validation import JobRequest
 from nodes.models import Cluster
@@ -94,14 +102,102 @@ class JobSerializer(serializers.ModelSerializer):
         ]
 
 
+class GoodputBucketsSerializer(serializers.Serializer):
+    queued = serializers.FloatField()
+    startup = serializers.FloatField()
+    restore = serializers.FloatField()
+    productive = serializers.FloatField()
+    data_wait = serializers.FloatField()
+    checkpoint_blocking = serializers.FloatField()
+    lost_progress = serializers.FloatField()
+    idle = serializers.FloatField()
+    other = serializers.FloatField()
+
+
+class GoodputLedgerSerializer(serializers.Serializer):
+    ratio = serializers.FloatField(allow_null=True, help_text="productive / wall")
+    wall_s = serializers.FloatField(help_text="the buckets sum to it exactly")
+    buckets = GoodputBucketsSerializer(help_text="seconds")
+
+
+class GoodputAdviceInputsSerializer(serializers.Serializer):
+    checkpoint_cost_s = serializers.FloatField(allow_null=True)
+    mtti_s = serializers.FloatField()
+    restore_s = serializers.FloatField(allow_null=True)
+    prior_used = serializers.BooleanField()
+    restore_source = serializers.ChoiceField(choices=["drills", "resume", "none"])
+    interruptions = serializers.IntegerField()
+    gpu_hours = serializers.FloatField()
+
+
+class GoodputAdviceSerializer(serializers.Serializer):
+    current_interval_s = serializers.FloatField(allow_null=True)
+    optimal_interval_s = serializers.FloatField(allow_null=True)
+    expected_ratio_now = serializers.FloatField(allow_null=True)
+    expected_ratio_optimal = serializers.FloatField(allow_null=True)
+    inputs = GoodputAdviceInputsSerializer()
+
+
+class GoodputSerializer(GoodputLedgerSerializer):
+    """The lineage's ledger (``jobs.goodput`` states the formulas), this job's share of it,
+    and Young/Daly checkpoint-interval advice."""
+
+    lineage = serializers.ListField(child=serializers.UUIDField())
+    started = serializers.BooleanField()
+    job = GoodputLedgerSerializer()
+    advice = GoodputAdviceSerializer()
+
+
+class QueuePositionSerializer(serializers.Serializer):
+    position = serializers.IntegerField(help_text="1 = first by submit time")
+    of = serializers.IntegerField(help_text="pending jobs Gantry knows in the partition")
+    partition = serializers.CharField()
+
+
+class PendingReasonSerializer(serializers.Serializer):
+    """Why a pending job waits. ``queue_position`` is Gantry's view of the queue (its own
+    pending jobs in the cluster and partition, by submit time), not Slurm's priority order."""
+
+    code = serializers.CharField(help_text="Slurm's reason code, e.g. Resources")
+    explanation = serializers.CharField(help_text="the code in plain words")
+    queue_position = QueuePositionSerializer(allow_null=True)
+
+
 class JobDetailSerializer(JobSerializer):
     acceptance = serializers.JSONField(read_only=True)
     throughput_samples_per_s = serializers.FloatField(
         source="throughput_now", read_only=True, allow_null=True
     )
+    goodput = serializers.SerializerMethodField()
+    pending_reason = serializers.SerializerMethodField()
 
     class Meta(JobSerializer.Meta):
-        fields = [*JobSerializer.Meta.fields, "acceptance", "throughput_samples_per_s"]
+        fields = [
+            *JobSerializer.Meta.fields,
+            "acceptance",
+            "throughput_samples_per_s",
+            "goodput",
+            "pending_reason",
+        ]
+
+    @extend_schema_field(PendingReasonSerializer(allow_null=True))
+    def get_pending_reason(self, job: Job) -> dict[str, Any] | None:
+        """Only for a job pending in Slurm; null otherwise."""
+        if job.state != Job.State.PENDING:
+            return None
+        position = job_queue_position(job=job)
+        return {
+            **pending_reason(job.state_reason),
+            "queue_position": dataclasses.asdict(position) if position else None,
+        }
+
+    @extend_schema_field(GoodputSerializer)
+    def get_goodput(self, job: Job) -> dict[str, Any]:
+        # The view passes the ledger it read; computed here only for other callers.
+        ledger = self.context.get("goodput")
+        if ledger is None:
+            ledger = job_goodput(job=job)
+        return GoodputSerializer(ledger).data  # type: ignore[return-value]
 
 
 class JobInputSerializer(serializers.Serializer):
@@ -274,7 +370,7 @@ class JobDetailApi(APIView):
     @extend_schema(responses=JobDetailSerializer)
     def get(self, request: Request, job_id: str) -> Response:
         job = job_get_for_user(user=request.user, job_id=job_id)
-        return Response(JobDetailSerializer(job).data)
+        return Response(JobDetailSerializer(job, context={"goodput": job_goodput(job=job)}).data)
 
 
 class JobCancelApi(APIView):

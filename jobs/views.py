@@ -16,14 +16,16 @@ from core.access import can_act
 from core.errors import ApplicationError, FieldError
 from core.roles import is_operator, is_researcher
 from jobs.forms import JobForm
+from jobs.goodput import format_duration
 from jobs.models import Checkpoint, Job
+from jobs.pending import pending_reason
 from jobs.placement import (
     job_placement_check,
     job_request_with_advice,
     placement_advice_for_request,
 )
 from jobs.script import job_script
-from jobs.selectors import job_get_for_user, job_list
+from jobs.selectors import job_get_for_user, job_goodput, job_list, job_queue_position
 from jobs.services import job_cancel, job_preview, job_resume, job_submit
 from jobs.validation import JobRequest
 from nodes.models import Node
@@ -130,6 +132,13 @@ def _switches_spanned(job: Job) -> list[str]:
     return sorted(set(leaves))
 
 
+def _pending_display(job: Job) -> dict[str, Any] | None:
+    """Why a pending job waits, in words, and its place in Gantry's view of the queue."""
+    if job.state != Job.State.PENDING:
+        return None
+    return {**pending_reason(job.state_reason), "queue": job_queue_position(job=job)}
+
+
 def _job_page_context(request: HttpRequest, job: Job, *, live_only: bool) -> dict[str, Any]:
     """The one context of the job page; ``live_only`` is what its polled header needs."""
     context: dict[str, Any] = {
@@ -140,6 +149,7 @@ def _job_page_context(request: HttpRequest, job: Job, *, live_only: bool) -> dic
         "can_act": can_act(request.user, owner_id=job.owner_id),
         "switches": _switches_spanned(job),
         "placement_check": job_placement_check(job),
+        "pending": _pending_display(job),
     }
     if live_only:
         return context
@@ -150,8 +160,63 @@ def _job_page_context(request: HttpRequest, job: Job, *, live_only: bool) -> dic
         ),
         config_json=json.dumps(job.config, indent=2, sort_keys=True),
         script=job_script(job),
+        goodput=_goodput_display(job_goodput(job=job)),
     )
     return context
+
+
+# Bucket colours and names on the job page's goodput bar, in bar order.
+_GOODPUT_BUCKETS = (
+    ("productive", "productive", "#15803d"),
+    ("data_wait", "data wait", "#0e7490"),
+    ("checkpoint_blocking", "checkpoint blocking", "#2563eb"),
+    ("restore", "restore", "#7c3aed"),
+    ("startup", "startup", "#a3a3a3"),
+    ("queued", "queued", "#d4d4d8"),
+    ("idle", "idle between jobs", "#fcd34d"),
+    ("lost_progress", "lost progress (redone)", "#b91c1c"),
+    ("other", "other", "#e5e7eb"),
+)
+
+
+def _goodput_display(ledger: dict[str, Any]) -> dict[str, Any]:
+    """The goodput ledger as the page shows it: bar segments with widths in %, and the
+    checkpoint-interval advice in words."""
+    wall = ledger["wall_s"]
+    rows = []
+    for name, label, colour in _GOODPUT_BUCKETS:
+        seconds = ledger["buckets"][name]
+        rows.append(
+            {
+                "name": name,
+                "label": label,
+                "colour": colour,
+                "seconds": seconds,
+                "duration": format_duration(seconds),
+                "job_seconds": ledger["job"]["buckets"][name],
+                "percent": 100 * seconds / wall if wall > 0 else 0.0,
+            }
+        )
+    advice = ledger["advice"]
+    inputs = advice["inputs"]
+    return {
+        **ledger,
+        "rows": rows,
+        "wall": format_duration(wall),
+        "percent": None if ledger["ratio"] is None else 100 * ledger["ratio"],
+        "lineage_size": len(ledger["lineage"]),
+        "current_interval": format_duration(advice["current_interval_s"]),
+        "optimal_interval": format_duration(advice["optimal_interval_s"]),
+        "expected_now": _percent(advice["expected_ratio_now"]),
+        "expected_optimal": _percent(advice["expected_ratio_optimal"]),
+        "checkpoint_cost": format_duration(inputs["checkpoint_cost_s"]),
+        "mtti": format_duration(inputs["mtti_s"]),
+        "restore": format_duration(inputs["restore_s"]),
+    }
+
+
+def _percent(ratio: float | None) -> str:
+    return "—" if ratio is None else f"{100 * ratio:.1f}%"
 
 
 @login_required

@@ -14,6 +14,7 @@ never aborts the others.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -22,6 +23,7 @@ from django.conf import settings
 from django.db.models import F
 from django.utils import timezone
 
+from core.worker_stats import WatcherCycleStats, watcher_cycle_record
 from drills.lifecycle import DRILLS
 from jobs.job_lifecycle import JOBS
 from jobs.lifecycle import (
@@ -52,6 +54,9 @@ MAX_ACCOUNTING_BACKOFF_SECONDS = 300
 @dataclass
 class ReconcileResult:
     commands: int = 0
+    # Wall time of this cycle's SSH commands and how many failed at the SSH level.
+    ssh_seconds: float = 0.0
+    ssh_errors: int = 0
     sftp_reads: int = 0
     bytes_read: int = 0
     state_changes: int = 0
@@ -73,8 +78,25 @@ def accounting_mode(cluster: Cluster, now: datetime) -> str:
 
 
 def cluster_reconcile(*, cluster_id: int) -> ReconcileResult:
-    """One watcher cycle for a cluster (see the module docstring)."""
+    """One watcher cycle for a cluster (see the module docstring); its duration and SSH
+    numbers go to the shared worker stats that /metrics exports."""
+    started = time.monotonic()
     cluster = Cluster.objects.get(pk=cluster_id)
+    result = _cycle(cluster)
+    watcher_cycle_record(
+        cluster_id=cluster_id,
+        stats=WatcherCycleStats(
+            seconds=time.monotonic() - started,
+            failed=bool(result.errors),
+            ssh_commands=result.commands,
+            ssh_seconds=result.ssh_seconds,
+            ssh_errors=result.ssh_errors,
+        ),
+    )
+    return result
+
+
+def _cycle(cluster: Cluster) -> ReconcileResult:
     result = ReconcileResult()
     now = timezone.now()
     for kind in KINDS:
@@ -87,6 +109,8 @@ def cluster_reconcile(*, cluster_id: int) -> ReconcileResult:
     client = slurm_client_for(cluster)
     transport = transport_for(cluster)
     commands_before = transport.commands_run
+    ssh_seconds_before = transport.command_seconds
+    ssh_errors_before = transport.command_errors
     result.accounting = accounting_mode(cluster, now)
     try:
         _resolve_by_tag(cluster, client, transport, risky, result, now)
@@ -103,7 +127,7 @@ def cluster_reconcile(*, cluster_id: int) -> ReconcileResult:
         # Jobs that just ended get their files read in this same cycle.
         files = run_files_read(cluster=cluster, jobs=jobs_to_read(cluster), transport=transport)
     except slurm_errors.SlurmError as error:
-        result.commands = transport.commands_run - commands_before
+        _count_ssh(result, transport, commands_before, ssh_seconds_before, ssh_errors_before)
         _reconcile_failed(cluster, result, now, describe_cluster_error(error))
         return result
     result.sftp_reads = files.sftp_reads
@@ -111,11 +135,23 @@ def cluster_reconcile(*, cluster_id: int) -> ReconcileResult:
     result.metric_points = files.metric_points
     result.checkpoints = files.checkpoints
     result.errors += files.errors
-    result.commands = transport.commands_run - commands_before
+    _count_ssh(result, transport, commands_before, ssh_seconds_before, ssh_errors_before)
     if result.accounting == ACCOUNTING_OK:
         _accounting_answered(cluster)
     _reconcile_done(cluster, result, now)
     return result
+
+
+def _count_ssh(
+    result: ReconcileResult,
+    transport: SshTransport,
+    commands_before: int,
+    seconds_before: float,
+    errors_before: int,
+) -> None:
+    result.commands = transport.commands_run - commands_before
+    result.ssh_seconds = transport.command_seconds - seconds_before
+    result.ssh_errors = transport.command_errors - errors_before
 
 
 def _resolve_by_tag(

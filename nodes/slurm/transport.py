@@ -67,7 +67,10 @@ class SshTransport:
     """One SSH connection (and one SFTP session on it), reused, thread-safe.
 
     Counters: ``connections_opened``, ``commands_run``, ``sftp_operations``,
-    ``bytes_read`` (stdout+stderr+SFTP reads), for the per-cycle performance goals.
+    ``bytes_read`` (stdout+stderr+SFTP reads), for the per-cycle performance goals;
+    ``command_seconds`` (wall time of commands, from opening the channel to the exit
+    status) and ``command_errors`` (commands that failed at the SSH level: no link, a
+    timeout, an unknown outcome; not a non-zero exit), which callers export as metrics.
     """
 
     def __init__(self, config: SshConfig) -> None:
@@ -77,6 +80,8 @@ class SshTransport:
         self._sftp: paramiko.SFTPClient | None = None
         self.connections_opened = 0
         self.commands_run = 0
+        self.command_seconds = 0.0
+        self.command_errors = 0
         self.sftp_operations = 0
         self.bytes_read = 0
         self.server_fingerprint: str | None = None
@@ -200,6 +205,23 @@ class SshTransport:
         timeout: float | None,
         check: bool,
     ) -> ExecResult:
+        started = time.monotonic()
+        try:
+            result = self._run_once(command, argv, stdin=stdin, timeout=timeout)
+        except Exception:
+            with self._lock:
+                self.command_errors += 1
+            raise
+        finally:
+            with self._lock:
+                self.command_seconds += time.monotonic() - started
+        if check and result.rc != 0:
+            raise command_error(argv, result.rc, result.stdout, result.stderr)
+        return result
+
+    def _run_once(
+        self, command: str, argv: list[str], *, stdin: bytes | None, timeout: float | None
+    ) -> ExecResult:
         limit = self.config.command_timeout if timeout is None else timeout
 
         def open_channel(client: paramiko.SSHClient) -> paramiko.Channel:
@@ -228,15 +250,12 @@ class SshTransport:
             channel.close()
         with self._lock:
             self.bytes_read += len(stdout) + len(stderr)
-        result = ExecResult(
+        return ExecResult(
             argv=argv,
             rc=rc,
             stdout=stdout.decode("utf-8", errors="replace"),
             stderr=stderr.decode("utf-8", errors="replace"),
         )
-        if check and result.rc != 0:
-            raise command_error(argv, result.rc, result.stdout, result.stderr)
-        return result
 
     def _drive(
         self,

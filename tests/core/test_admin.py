@@ -60,6 +60,10 @@ def populated(operator: Any, researcher: Any) -> dict[str, Any]:
     from drills.models import DrillPolicy
 
     DrillPolicy.objects.create(cluster=switch.cluster, enabled=True, running_every_hours=6)
+    from core.models import ApiToken
+
+    # Made directly, not by the service: the audit log test expects one event.
+    ApiToken.objects.create(user=researcher, name="laptop", prefix="gty_abcd", key_hash="0" * 64)
     return {"node": node, "job": job}
 
 

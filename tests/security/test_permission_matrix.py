@@ -75,10 +75,22 @@ EXPECTED: dict[str, tuple[str, bool, dict[str, Any] | None, dict[str, str]]] = {
     "checkpoint-drill": ("post", True, {"steps": "3"}, OWNED_PAGE),
     "checkpoint-verify": ("post", True, {}, OWNED_PAGE),
     "drill-policy": ("post", False, {"max_in_flight": "1"}, OPERATOR_PAGE_ACTION),
+    # One's own API tokens: every role has them, an outsider (no role) has no API to use.
+    "api-token-list": ("get", False, None, INVENTORY_PAGE),
+    # Without a token id of one's own: not found, the same as someone else's token.
+    "api-token-revoke": (
+        "post",
+        False,
+        {"token_id": "999999"},
+        {"operator": HIDE, "researcher": HIDE, "outsider": DENY, "anonymous": LOGIN},
+    ),
     "login": ("get", False, None, PUBLIC),
     "logout": ("post", False, {}, {persona: LOGIN for persona in PUBLIC}),
     "api-schema": ("get", False, None, PUBLIC),
     "api-docs": ("get", False, None, PUBLIC),
+    # Off unless GANTRY_METRICS_TOKEN or _ALLOW is set; the scraper's access is in
+    # tests/controlplane/test_metrics.py. No session or API token opens it.
+    "metrics": ("get", False, None, {persona: DENY for persona in PUBLIC}),
     # API
     "api:me": ("get", False, None, {**ROLE_API, "outsider": OK}),
     "api:audit-event-list": ("get", False, None, OPERATOR_API),

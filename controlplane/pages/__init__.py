@@ -11,7 +11,7 @@ from django.shortcuts import get_object_or_404, render
 from core.roles import is_operator
 from drills.selectors import drill_fleet_health
 from jobs.models import Job
-from jobs.selectors import job_get_for_user, job_list_for_user
+from jobs.selectors import job_get_for_user, job_list_for_user, jobs_on_node
 from nodes.models import Cluster, Node
 from nodes.placement import placement_quality
 from nodes.placement_service import placement_inputs
@@ -56,25 +56,26 @@ def overview_live_partial(request: HttpRequest) -> HttpResponse:
     return render(request, "_overview_live.html", _overview_context(request))
 
 
+# How far back the node page lists the jobs that ended on the node.
+NODE_RECENT_JOB_DAYS = 7
+
+
 @login_required
 def node_detail_page(request: HttpRequest, node_id: int) -> HttpResponse:
     node = get_object_or_404(
         Node.objects.select_related("cluster", "leaf_switch").prefetch_related("gpus"), id=node_id
     )
-    running_here = [
-        job
-        for job in Job.objects.filter(
-            cluster=node.cluster, state__in=[Job.State.RUNNING, Job.State.COMPLETING]
-        ).select_related("owner")
-        if node.name in job.allocated_node_names
-    ]
+    on_node = jobs_on_node(user=request.user, node=node, recent_days=NODE_RECENT_JOB_DAYS)
     return render(
         request,
         "nodes/node_detail.html",
         {
             "node": node,
             "events": node.events.all()[:50],
-            "jobs": running_here,
+            "running_jobs": on_node.running,
+            "recent_jobs": on_node.recent,
+            "hidden_running": on_node.hidden_running,
+            "recent_days": NODE_RECENT_JOB_DAYS,
             "can_operate": is_operator(request.user),
         },
     )

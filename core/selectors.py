@@ -1,0 +1,39 @@
+"""Reads of the core: personal API tokens."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db.models import QuerySet
+from django.http import Http404
+
+from core.models import ApiToken
+
+
+def api_token_list_for_user(*, user: Any) -> QuerySet[ApiToken]:
+    """A person's own tokens, newest first. Nobody lists anyone else's here, operators
+    included (they have the admin)."""
+    if not getattr(user, "is_authenticated", False):
+        return ApiToken.objects.none()
+    return ApiToken.objects.filter(user_id=user.pk)
+
+
+def api_token_get_for_user(*, user: Any, token_id: Any) -> ApiToken:
+    """The one access check for a token: Http404 both for a missing token and for someone
+    else's, so a token id says nothing about who owns it."""
+    try:
+        return api_token_list_for_user(user=user).get(pk=int(token_id))
+    except (ApiToken.DoesNotExist, ValueError, TypeError):
+        raise Http404("No such token.") from None
+
+
+def api_token_find_by_secret(*, secret: str) -> ApiToken | None:
+    """The token whose secret this is, whatever its state (the caller tells expired and
+    revoked apart), or None. Looked up by hash: the secret itself is stored nowhere."""
+    if not secret.startswith(ApiToken.SECRET_PREFIX):
+        return None
+    return (
+        ApiToken.objects.select_related("user")
+        .filter(key_hash=ApiToken.hash_secret(secret))
+        .first()
+    )

@@ -1,0 +1,413 @@
+"""Goodput: the ledger of a job and its lineage (``jobs.goodput``, ``job_goodput``) and
+Young/Daly checkpoint-interval advice, as pure functions, through the API and on the page."""
+
+from __future__ import annotations
+
+import math
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from django.db import connection
+from django.test import Client
+from django.test.utils import CaptureQueriesContext
+
+from factories import CheckpointFactory, ClusterFactory, JobFactory
+from jobs import goodput
+from jobs.goodput import (
+    BUCKETS,
+    FailureHistory,
+    JobTimes,
+    LineageLink,
+    StepPoint,
+    StepTotals,
+)
+from jobs.models import Job, MetricPoint
+
+T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+
+
+def at(seconds: float) -> datetime:
+    return T0 + timedelta(seconds=seconds)
+
+
+def assert_sums_to_wall(ledger: goodput.Ledger) -> None:
+    total = sum(ledger.buckets.values())
+    assert set(ledger.buckets) == set(BUCKETS)
+    assert all(seconds >= 0 for seconds in ledger.buckets.values()), ledger.buckets
+    assert total == pytest.approx(ledger.wall_s, rel=0.01)
+    assert total == pytest.approx(ledger.wall_s, abs=1e-6)
+
+
+# Pure functions ---------------------------------------------------------------------
+
+
+def test_one_job_buckets_sum_to_wall_and_ratio_matches() -> None:
+    # 100 steps of 2 s: 0.5 s data wait each, one checkpoint blocking 4 s.
+    points = [StepPoint(step, 2.0, 0.5, 4.0 if step == 50 else 0.0) for step in range(1, 101)]
+    job = JobTimes(
+        job_id="a",
+        submitted_at=at(0),
+        started_at=at(60),
+        loop_started_at=at(90),
+        ended_at=at(90 + 200 + 15),
+        preserved=goodput.step_totals(points, after=0),
+    )
+    ledger = goodput.job_ledger(job, now=at(10_000))
+    assert ledger.wall_s == 305
+    assert ledger.buckets["queued"] == 60
+    assert ledger.buckets["startup"] == 30
+    assert ledger.buckets["data_wait"] == pytest.approx(50)
+    assert ledger.buckets["checkpoint_blocking"] == pytest.approx(4)
+    assert ledger.buckets["productive"] == pytest.approx(200 - 50 - 4)
+    assert ledger.buckets["other"] == pytest.approx(15)
+    assert ledger.buckets["lost_progress"] == 0
+    assert_sums_to_wall(ledger)
+    assert ledger.ratio == pytest.approx(ledger.buckets["productive"] / ledger.wall_s)
+
+
+def test_lost_progress_is_the_time_of_steps_after_the_resumed_checkpoint() -> None:
+    """B resumed from A's checkpoint at step 100 while A reached step 150: A's steps
+    101-150 were computed twice, and their time is lost progress."""
+    a_points = [StepPoint(step, 1.0 + step / 100) for step in range(1, 151)]
+    b_points = [StepPoint(step, 1.5) for step in range(101, 201)]
+    links = [
+        LineageLink(job_id="a", created_at=at(0)),
+        LineageLink(job_id="b", created_at=at(500), source_id="a", resume_step=100),
+    ]
+    ranges = goodput.lineage_step_ranges(links)
+    assert ranges["a"] == goodput.StepRanges(start=0, cutoff=100)
+    assert ranges["b"] == goodput.StepRanges(start=100, cutoff=None)
+    a_lost = goodput.step_totals(a_points, after=100)
+    a_time_101_150 = sum(p.step_time_s or 0 for p in a_points if 101 <= p.step <= 150)
+    assert a_lost.time_s == pytest.approx(a_time_101_150)
+
+    a_total = sum(p.step_time_s or 0 for p in a_points)
+    jobs = [
+        JobTimes(
+            job_id="a",
+            submitted_at=at(0),
+            started_at=at(10),
+            loop_started_at=at(20),
+            ended_at=at(20 + a_total + 5),
+            preserved=goodput.step_totals(a_points, after=0, upto=100),
+            lost=a_lost,
+        ),
+        JobTimes(
+            job_id="b",
+            submitted_at=at(20 + a_total + 5 + 40),
+            started_at=at(20 + a_total + 5 + 50),
+            loop_started_at=at(20 + a_total + 5 + 62),
+            ended_at=at(20 + a_total + 5 + 62 + 150),
+            resumed=True,
+            preserved=goodput.step_totals(b_points, after=100),
+            source_id="a",
+        ),
+    ]
+    lineage, per_job = goodput.lineage_ledgers(jobs, now=at(100_000))
+    assert lineage.buckets["lost_progress"] == pytest.approx(a_time_101_150)
+    assert lineage.buckets["idle"] == pytest.approx(40)
+    assert lineage.buckets["restore"] == pytest.approx(12)
+    assert lineage.buckets["queued"] == pytest.approx(10 + 10)
+    assert lineage.buckets["productive"] == pytest.approx(a_total - a_time_101_150 + 150)
+    # A plain chain: the wall is the calendar time from the root's submission to the end.
+    assert lineage.wall_s == pytest.approx(20 + a_total + 5 + 62 + 150)
+    assert_sums_to_wall(lineage)
+    for ledger in per_job.values():
+        assert_sums_to_wall(ledger)
+    assert per_job["b"].buckets["idle"] == pytest.approx(40)
+    assert lineage.ratio == pytest.approx(lineage.buckets["productive"] / lineage.wall_s)
+
+
+def test_a_job_off_the_final_timeline_loses_all_its_steps() -> None:
+    """B resumed from A@100 and failed; C resumed from A@100 again: B's steps were redone."""
+    links = [
+        LineageLink(job_id="a", created_at=at(0)),
+        LineageLink(job_id="b", created_at=at(100), source_id="a", resume_step=100),
+        LineageLink(job_id="c", created_at=at(200), source_id="a", resume_step=100),
+    ]
+    ranges = goodput.lineage_step_ranges(links)
+    assert ranges["a"].cutoff == 100
+    assert ranges["b"] == goodput.StepRanges(start=100, cutoff=100)
+    assert ranges["c"].cutoff is None
+
+
+def test_sparse_logging_scales_step_sums() -> None:
+    # log_every = 10: 10 points stand for 100 steps.
+    points = [StepPoint(step, 1.0, 0.1) for step in range(10, 101, 10)]
+    totals = goodput.step_totals(points, after=0)
+    assert totals.points == 10 and totals.steps == 100
+    assert totals.time_s == pytest.approx(100) and totals.data_s == pytest.approx(10)
+
+
+def test_step_time_over_the_window_is_scaled_to_fit() -> None:
+    # The node's clock says the steps took longer than the job ran: never negative other.
+    job = JobTimes(
+        job_id="a",
+        submitted_at=at(0),
+        started_at=at(0),
+        loop_started_at=at(10),
+        ended_at=at(50),
+        preserved=StepTotals(points=10, steps=10, step_time_s=80.0),
+    )
+    ledger = goodput.job_ledger(job, now=at(1000))
+    assert ledger.buckets["productive"] == pytest.approx(40)
+    assert ledger.buckets["other"] == pytest.approx(0, abs=1e-9)
+    assert_sums_to_wall(ledger)
+
+
+def test_a_queued_and_a_running_job() -> None:
+    queued = JobTimes(job_id="q", submitted_at=at(0), started_at=None, ended_at=None)
+    ledger = goodput.job_ledger(queued, now=at(300))
+    assert ledger.buckets["queued"] == 300 and ledger.wall_s == 300
+    assert ledger.ratio == 0
+    running = JobTimes(job_id="r", submitted_at=at(0), started_at=at(5), ended_at=None)
+    ledger = goodput.job_ledger(running, now=at(65))
+    assert ledger.buckets["startup"] == 60
+    assert_sums_to_wall(ledger)
+    never = JobTimes(job_id="d", submitted_at=None, started_at=None, ended_at=None)
+    assert goodput.job_ledger(never, now=at(65)).ratio is None
+
+
+def test_young_daly_values_for_known_inputs() -> None:
+    assert goodput.young_daly_interval(checkpoint_cost_s=10, mtti_s=86_400) == pytest.approx(
+        math.sqrt(2 * 10 * 86_400)
+    )
+    assert goodput.young_daly_interval(checkpoint_cost_s=18, mtti_s=3600) == pytest.approx(360)
+    # C = 18 s, M = 1 h, R = 36 s: at τ = 360 s, 1 − 0.05 − 0.05 − 0.01.
+    assert goodput.expected_goodput(
+        interval_s=360, checkpoint_cost_s=18, mtti_s=3600, restore_s=36
+    ) == pytest.approx(0.89)
+    # Every 60 s instead: 1 − 0.3 − 60/7200 − 0.01.
+    assert goodput.expected_goodput(
+        interval_s=60, checkpoint_cost_s=18, mtti_s=3600, restore_s=36
+    ) == pytest.approx(1 - 0.3 - 60 / 7200 - 0.01)
+
+    advice = goodput.checkpoint_advice(
+        checkpoint_cost_s=18,
+        history=FailureHistory(),
+        gpus=4,
+        step_time_s=0.5,
+        interval_steps=120,
+        restore_s=36,
+        restore_source="drills",
+    )
+    # No history: M is the 24 h prior.
+    assert advice.mtti_s == pytest.approx(86_400) and advice.prior_used
+    assert advice.current_interval_s == pytest.approx(60)
+    assert advice.optimal_interval_s == pytest.approx(math.sqrt(2 * 18 * 86_400))
+    assert advice.expected_ratio_optimal > advice.expected_ratio_now  # type: ignore[operator]
+    optimal = advice.optimal_interval_s
+    assert advice.expected_ratio_optimal == pytest.approx(
+        1 - 18 / optimal - optimal / (2 * 86_400) - 36 / 86_400  # type: ignore[operator]
+    )
+
+
+def test_prior_when_history_is_empty_and_history_when_it_is_long() -> None:
+    assert goodput.mean_time_to_interruption(FailureHistory(), gpus=8) == (86_400, True)
+    # 100 interruptions in 10 000 GPU-hours, for an 8-GPU job:
+    # λ = (1 + 100) / (1·24·8 + 10 000) per GPU-hour, M = 1 / (8λ).
+    mtti, prior_used = goodput.mean_time_to_interruption(
+        FailureHistory(interruptions=100, gpu_hours=10_000), gpus=8
+    )
+    assert mtti == pytest.approx(3600 * (24 * 8 + 10_000) / (101 * 8))
+    assert not prior_used
+    # A clean history pushes M above the prior.
+    clean, _ = goodput.mean_time_to_interruption(
+        FailureHistory(interruptions=0, gpu_hours=1000), gpus=1
+    )
+    assert clean == pytest.approx(3600 * 1024)
+
+
+def test_checkpoint_interval_from_steps() -> None:
+    # Every 100 steps; the final step (250) is saved too.
+    assert goodput.checkpoint_interval_steps([100, 200, 250]) == 100
+    assert goodput.checkpoint_interval_steps([150, 250, 350], start_step=50) == 100
+    assert goodput.checkpoint_interval_steps([], configured=40) == 40
+    assert goodput.checkpoint_interval_steps([], configured=0) is None
+
+
+# Through the database, the API and the page ----------------------------------------
+
+
+def add_points(job: Job, steps: range, *, step_time: float = 2.0, blocking_at: int = 100) -> None:
+    """Points as the trainer logs them: the loop started at ``started_at + 5 s``."""
+    assert job.started_at is not None
+    loop_start = job.started_at + timedelta(seconds=5)
+    first = steps.start
+    MetricPoint.objects.bulk_create(
+        [
+            MetricPoint(
+                job=job,
+                step=step,
+                elapsed_s=(step - first + 1) * step_time,
+                wall_time=loop_start + timedelta(seconds=(step - first + 1) * step_time),
+                step_time_s=step_time,
+                data_time_s=0.25,
+                checkpoint_blocking_s=1.5 if step % blocking_at == 0 else 0.0,
+                loss=2.0,
+            )
+            for step in steps
+        ]
+    )
+
+
+@pytest.fixture
+def lineage(researcher: Any) -> dict[str, Any]:
+    """A reached step 150 (checkpoints at 100 and 150), failed; B resumed from A@100."""
+    cluster = ClusterFactory()
+    a_end = at(60 + 5 + 300 + 10)
+    a = JobFactory(
+        owner=researcher,
+        cluster=cluster,
+        state=Job.State.FAILED,
+        nodes=2,
+        gpus_per_node=4,
+        submitted_at=at(0),
+        started_at=at(60),
+        ended_at=a_end,
+        config={"preset": "tiny", "checkpoint_every": 50},
+    )
+    add_points(a, range(1, 151))
+    a_100 = CheckpointFactory(job=a, step=100)
+    CheckpointFactory(job=a, step=50)
+    CheckpointFactory(job=a, step=150)
+    b_submitted = a_end + timedelta(seconds=30)
+    b = JobFactory(
+        owner=researcher,
+        cluster=cluster,
+        state=Job.State.RUNNING,
+        nodes=2,
+        gpus_per_node=4,
+        parent=a,
+        resume_from=a_100,
+        submitted_at=b_submitted,
+        started_at=b_submitted + timedelta(seconds=20),
+        ended_at=None,
+    )
+    add_points(b, range(101, 161))
+    return {"a": a, "b": b, "now": b_submitted + timedelta(seconds=20 + 5 + 120 + 1)}
+
+
+@pytest.mark.django_db
+def test_api_detail_has_the_lineage_ledger(
+    researcher_api: Any, lineage: dict[str, Any], monkeypatch: Any
+) -> None:
+    a, b = lineage["a"], lineage["b"]
+    monkeypatch.setattr("jobs.selectors.timezone.now", lambda: lineage["now"])
+    body = researcher_api.get(f"/api/v1/jobs/{b.id}/").json()
+    ledger = body["goodput"]
+    assert ledger["lineage"] == [str(a.id), str(b.id)]
+    buckets = ledger["buckets"]
+    # A's steps 101-150, 2 s each, were redone by B.
+    assert buckets["lost_progress"] == pytest.approx(50 * 2.0)
+    assert buckets["idle"] == pytest.approx(30)
+    assert buckets["queued"] == pytest.approx(60 + 20)
+    assert buckets["startup"] == pytest.approx(5)
+    assert buckets["restore"] == pytest.approx(5)
+    # Preserved: A's 100 steps and B's 60, each 0.25 s of data; blocking at step 100 only.
+    assert buckets["data_wait"] == pytest.approx(160 * 0.25)
+    assert buckets["checkpoint_blocking"] == pytest.approx(1.5)
+    assert buckets["productive"] == pytest.approx(160 * 2.0 - 160 * 0.25 - 1.5)
+    assert ledger["wall_s"] == pytest.approx((lineage["now"] - T0).total_seconds())
+    assert sum(buckets.values()) == pytest.approx(ledger["wall_s"], abs=1e-6)
+    assert ledger["ratio"] == pytest.approx(buckets["productive"] / ledger["wall_s"])
+    # This job's share: B alone, with the idle gap before it.
+    assert ledger["job"]["buckets"]["idle"] == pytest.approx(30)
+    assert ledger["job"]["buckets"]["lost_progress"] == 0
+
+    advice = ledger["advice"]
+    # A failed job on an otherwise empty cluster: 1 interruption, the prior still weighs.
+    assert advice["inputs"]["interruptions"] == 1
+    assert advice["inputs"]["prior_used"] is True
+    a_gpu_hours = 8 * (a.ended_at - a.started_at).total_seconds() / 3600
+    assert advice["inputs"]["gpu_hours"] == pytest.approx(a_gpu_hours)
+    mtti = 3600 / ((1 + 1) / (24 * 8 + a_gpu_hours) * 8)
+    assert advice["inputs"]["mtti_s"] == pytest.approx(mtti)
+    # B has no checkpoint blocking of its own yet: the lineage's (A's step 100).
+    assert advice["inputs"]["checkpoint_cost_s"] == pytest.approx(1.5)
+    assert advice["optimal_interval_s"] == pytest.approx(math.sqrt(2 * 1.5 * mtti))
+    # No drills: R is B's resume startup.
+    assert advice["inputs"]["restore_s"] == pytest.approx(5)
+    assert advice["inputs"]["restore_source"] == "resume"
+    # B saved nothing yet: its configured interval (the trainer default, 100 steps).
+    assert advice["current_interval_s"] == pytest.approx(100 * 2.0)
+
+    a_body = researcher_api.get(f"/api/v1/jobs/{a.id}/").json()["goodput"]
+    assert a_body["lineage"] == [str(a.id), str(b.id)]
+    assert a_body["buckets"] == pytest.approx(buckets)
+    assert a_body["job"]["buckets"]["lost_progress"] == pytest.approx(100)
+    # A checkpointed every 50 steps of 2 s.
+    assert a_body["advice"]["current_interval_s"] == pytest.approx(100)
+
+
+@pytest.mark.django_db
+def test_restore_time_from_drills(researcher_api: Any, lineage: dict[str, Any]) -> None:
+    from drills.models import RestoreDrill
+
+    checkpoint = lineage["a"].checkpoints.get(step=100)
+    RestoreDrill.objects.create(checkpoint=checkpoint, load_s=7.0, cluster=lineage["a"].cluster)
+    ledger = researcher_api.get(f"/api/v1/jobs/{lineage['b'].id}/").json()["goodput"]
+    assert ledger["advice"]["inputs"]["restore_s"] == pytest.approx(7.0)
+    assert ledger["advice"]["inputs"]["restore_source"] == "drills"
+
+
+@pytest.mark.django_db
+def test_query_count_does_not_grow_with_metric_points(researcher: Any, researcher_api: Any) -> None:
+    def detail_queries(points: int) -> int:
+        job = JobFactory(
+            owner=researcher,
+            state=Job.State.COMPLETED,
+            submitted_at=at(0),
+            started_at=at(10),
+            ended_at=at(10 + 5 + 2 * points + 1),
+        )
+        add_points(job, range(1, points + 1), blocking_at=10)
+        CheckpointFactory(job=job, step=10)
+        with CaptureQueriesContext(connection) as queries:
+            body = researcher_api.get(f"/api/v1/jobs/{job.id}/").json()
+        assert body["goodput"]["buckets"]["productive"] > 0
+        return len(queries)
+
+    # The first request also reads what the session caches (the user's roles).
+    detail_queries(5)
+    assert detail_queries(20) == detail_queries(2000)
+
+
+@pytest.mark.django_db
+def test_job_page_shows_the_bar_and_the_advice(researcher: Any, lineage: dict[str, Any]) -> None:
+    page = Client()
+    page.force_login(researcher)
+    html = page.get(f"/jobs/{lineage['a'].id}/").content.decode()
+    assert 'data-testid="goodput-bar"' in html
+    assert 'data-bucket="lost_progress"' in html
+    assert "You checkpoint every 1.7 min; ≈" in html
+    assert "would maximise goodput (expected" in html
+    assert "Mean time to interruption M" in html
+
+
+@pytest.mark.django_db
+def test_job_page_empty_state_before_the_job_starts(researcher: Any) -> None:
+    job = JobFactory(owner=researcher, state=Job.State.PENDING, submitted_at=at(0))
+    page = Client()
+    page.force_login(researcher)
+    html = page.get(f"/jobs/{job.id}/").content.decode()
+    assert 'data-testid="goodput-empty"' in html
+    assert 'data-testid="goodput-bar"' not in html
+
+
+@pytest.mark.django_db
+def test_lineage_is_found_from_any_of_its_jobs(
+    researcher_api: Any, lineage: dict[str, Any]
+) -> None:
+    a, b = lineage["a"], lineage["b"]
+    b_checkpoint = CheckpointFactory(job=b, step=150)
+    c = JobFactory(owner=a.owner, cluster=a.cluster, parent=b, resume_from=b_checkpoint)
+    unrelated = JobFactory(owner=a.owner, cluster=a.cluster)
+    expected = [str(a.id), str(b.id), str(c.id)]
+    for job in (a, b, c):
+        body = researcher_api.get(f"/api/v1/jobs/{job.id}/").json()["goodput"]
+        assert body["lineage"] == expected
+    alone = researcher_api.get(f"/api/v1/jobs/{unrelated.id}/").json()["goodput"]
+    assert alone["lineage"] == [str(unrelated.id)]
+    assert alone["started"] is False and alone["wall_s"] == 0 and alone["ratio"] is None
