@@ -38,33 +38,27 @@ def metrics_ingest(*, job: Job, data: bytes, start_offset: int) -> tuple[int, in
     adapt_time = connection.ops.adapt_datetimefield_value
     points: dict[int, tuple[Any, ...]] = {}
     events: list[dict[str, Any]] = []
-    for raw in complete.splitlines():
-        if not raw.strip():
-            continue
-        try:
-            line = json.loads(raw)
-        except ValueError:
-            logger.warning("job %s: unreadable metrics line skipped: %r", job.id, raw[:200])
-            continue
-        if not isinstance(line, dict):
-            continue
+    get_keys = _METRIC_LINE_KEYS
+    for line in _parse_lines(job, complete):
         if "event" in line:
             events.append(line)
             continue
         try:
             step = int(line["step"])
             wall = datetime.fromtimestamp(float(line["time"]), tz=UTC)
-        except (KeyError, TypeError, ValueError):
+        except (KeyError, TypeError, ValueError, OverflowError, OSError):
+            continue
+        # Outside the columns' ranges a value would fail the whole batch (and every retry).
+        if not 0 <= step <= _MAX_STEP:
             continue
         get = line.get
-        values = [get(key) for key in _METRIC_LINE_KEYS]
         world_size = get("world_size")
         points[step] = (
             job_key,
             step,
             adapt_time(wall),
-            *(float(v) if isinstance(v, int | float) else None for v in values),
-            world_size if isinstance(world_size, int) else None,
+            *(_float_or_none(get(key)) for key in get_keys),
+            world_size if type(world_size) is int and 0 <= world_size <= _MAX_WORLD else None,
         )
     new_offset = start_offset + len(complete)
     with transaction.atomic():
@@ -101,6 +95,42 @@ def metrics_ingest(*, job: Job, data: bytes, start_offset: int) -> tuple[int, in
     return len(points), new_offset
 
 
+def _parse_lines(job: Job, complete: bytes) -> list[dict[str, Any]]:
+    """The JSON objects of complete lines, in order. One ``json.loads`` for the whole chunk
+    (a JSON array of the lines) when every line parses, which costs a third less than one
+    call per line; a chunk with a bad line is parsed again line by line, skipping (and
+    logging) only the bad ones."""
+    raws = [raw for raw in complete.split(b"\n") if raw.strip()]
+    if not raws:
+        return []
+    try:
+        parsed = json.loads(b"[" + b",".join(raws) + b"]")
+        if len(parsed) == len(raws):
+            return [line for line in parsed if isinstance(line, dict)]
+    except ValueError:
+        pass
+    lines = []
+    for raw in raws:
+        try:
+            line = json.loads(raw)
+        except ValueError:
+            logger.warning("job %s: unreadable metrics line skipped: %r", job.id, raw[:200])
+            continue
+        if isinstance(line, dict):
+            lines.append(line)
+    return lines
+
+
+def _float_or_none(value: Any) -> float | None:
+    # bool is an int to Python but never a metric value.
+    kind = type(value)
+    if kind is float:
+        return value  # type: ignore[no-any-return]
+    if kind is int:
+        return float(value)
+    return None
+
+
 # The trainer's keys (``trainer.schema.METRIC_KEYS``) for the float columns between
 # wall_time and world_size, in order.
 _METRIC_LINE_KEYS = (
@@ -130,31 +160,96 @@ _METRIC_COLUMNS = (
 
 
 def _metric_points_upsert(rows: list[tuple[Any, ...]]) -> None:
-    """Insert metric points, the last line for a step winning: one prepared statement run
-    with executemany (the ORM's bulk_create spends most of its time building SQL)."""
+    """Insert metric points, the last line for a step winning (``rows`` holds one row per
+    step). PostgreSQL: COPY into a temporary table, then one INSERT … SELECT … ON CONFLICT
+    (COPY skips per-value parameter handling, where the time went); few rows (a live job's
+    cycle) go as one multi-row INSERT, cheaper than a COPY round. SQLite: one prepared
+    statement run with executemany."""
+    if connection.vendor == "postgresql" and len(rows) >= _COPY_MIN_ROWS:
+        _metric_points_copy(rows)
+        return
     table = MetricPoint._meta.db_table
     quote = connection.ops.quote_name
     columns = ", ".join(quote(column) for column in _METRIC_COLUMNS)
-    updates = ", ".join(
-        f"{quote(column)} = excluded.{quote(column)}" for column in _METRIC_COLUMNS[2:]
-    )
     row_marks = "(" + ", ".join(["%s"] * len(_METRIC_COLUMNS)) + ")"
-    conflict = f"ON CONFLICT ({quote('job_id')}, {quote('step')}) DO UPDATE SET {updates}"
+    conflict = _on_conflict()
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":
-            # One statement per 1000 rows: executemany would be a round trip per row.
-            for start in range(0, len(rows), 1000):
-                chunk = rows[start : start + 1000]
-                sql = (
-                    f"INSERT INTO {quote(table)} ({columns}) VALUES "  # noqa: S608 - fixed names
-                    + ", ".join([row_marks] * len(chunk))
-                    + f" {conflict}"
-                )
-                cursor.execute(sql, [value for row in chunk for value in row])
+            sql = (
+                f"INSERT INTO {quote(table)} ({columns}) VALUES "  # noqa: S608 - fixed names
+                + ", ".join([row_marks] * len(rows))
+                + f" {conflict}"
+            )
+            cursor.execute(sql, [value for row in rows for value in row])
         else:
             sql = f"INSERT INTO {quote(table)} ({columns}) VALUES {row_marks} {conflict}"  # noqa: S608
             for start in range(0, len(rows), 5000):
                 cursor.executemany(sql, rows[start : start + 5000])
+
+
+# The ranges of the step (integer) and world_size (smallint) columns.
+_MAX_STEP = 2**31 - 1
+_MAX_WORLD = 2**15 - 1
+# Below this many rows a multi-row INSERT beats COPY's extra statements on PostgreSQL.
+_COPY_MIN_ROWS = 200
+# The staging table: temporary (one per database session), emptied at every commit.
+_STAGE_TABLE = "gantry_metricpoint_stage"
+
+
+def _on_conflict() -> str:
+    quote = connection.ops.quote_name
+    updates = ", ".join(
+        f"{quote(column)} = excluded.{quote(column)}" for column in _METRIC_COLUMNS[2:]
+    )
+    return f"ON CONFLICT ({quote('job_id')}, {quote('step')}) DO UPDATE SET {updates}"
+
+
+def _metric_points_copy(rows: list[tuple[Any, ...]]) -> None:
+    """PostgreSQL only: binary COPY (psycopg 3's ``Cursor.copy``). Rows that only append
+    to the job's series (every step after the newest stored one: a run being caught up)
+    go straight into the table; rows that may replace stored steps (a resumed run writing
+    them again) go into a session-local temporary table first and are upserted from there
+    in one statement. The caller holds the job's row (its conditional offset update), so
+    no other watcher adds points of this job meanwhile."""
+    table = connection.ops.quote_name(MetricPoint._meta.db_table)
+    columns = ", ".join(connection.ops.quote_name(column) for column in _METRIC_COLUMNS)
+    job_id, first_step = rows[0][0], min(row[1] for row in rows)
+    # Its own atomic block (a savepoint inside the caller's): outside a transaction each
+    # statement would commit, and the commit would empty the staging table mid-way.
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT MAX({connection.ops.quote_name('step')}) FROM {table} "  # noqa: S608
+            f"WHERE {connection.ops.quote_name('job_id')} = %s",
+            [job_id],
+        )
+        newest = cursor.fetchone()[0]
+        append_only = newest is None or first_step > newest
+        target = table
+        if not append_only:
+            target = _STAGE_TABLE
+            stage = (
+                f"CREATE TEMPORARY TABLE IF NOT EXISTS {_STAGE_TABLE} ON COMMIT DELETE ROWS "  # noqa: S608
+                f"AS SELECT {columns} FROM {table} WITH NO DATA"
+            )
+            cursor.execute(stage)
+        raw = cursor.cursor  # the psycopg cursor under Django's wrapper
+        with raw.copy(f"COPY {target} ({columns}) FROM STDIN (FORMAT BINARY)") as copy:  # type: ignore[union-attr]
+            copy.set_types(_COPY_TYPES)
+            for row in rows:
+                copy.write_row(row)
+        if append_only:
+            return
+        cursor.execute(
+            f"INSERT INTO {table} ({columns}) SELECT {columns} FROM {_STAGE_TABLE} "  # noqa: S608
+            f"{_on_conflict()}"
+        )
+        # ON COMMIT DELETE ROWS empties it at commit; this empties it now, should the
+        # caller's transaction go on to upsert again before committing.
+        cursor.execute(f"TRUNCATE {_STAGE_TABLE}")
+
+
+# PostgreSQL types of ``_METRIC_COLUMNS``, in order, for binary COPY.
+_COPY_TYPES = ["uuid", "int4", "timestamptz", *["float8"] * 7, "int2"]
 
 
 def _describe_trainer_event(event: dict[str, Any]) -> str:

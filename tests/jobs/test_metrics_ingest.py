@@ -108,3 +108,56 @@ def test_a_checkpoint_registers_once() -> None:
     assert first.path == f"/w/runs/{job.id}/checkpoints/step-000020"
     assert checkpoint_register(job=job, manifest_path=path, manifest=manifest) is None
     assert job.checkpoints.count() == 1
+
+
+def test_a_bad_line_in_a_large_chunk_skips_only_that_line() -> None:
+    # Large enough for the COPY path on PostgreSQL; the bad line forces the per-line parse.
+    job = JobFactory()
+    good = lines(range(1, 600)).splitlines(keepends=True)
+    data = b"".join(good[:300]) + b"{not json\n" + b"[1, 2]\n" + b"".join(good[300:])
+    stored, offset = metrics_ingest(job=job, data=data, start_offset=0)
+    assert (stored, offset) == (599, len(data))
+    steps = list(MetricPoint.objects.filter(job=job).values_list("step", flat=True))
+    assert steps == list(range(1, 600))
+
+
+@pytest.mark.parametrize("count", [10, 700])
+def test_the_last_line_for_a_step_wins_and_values_round_trip(count: int) -> None:
+    # 10 rows: a multi-row INSERT; 700: COPY through the staging table on PostgreSQL.
+    job = JobFactory()
+    first = lines(range(1, count + 1))
+    again = lines(range(count // 2, count + 1), loss=0.25, world_size=4)
+    stored, offset = metrics_ingest(job=job, data=first + again, start_offset=0)
+    assert stored == count
+    # A second chunk in the same process re-writes steps already stored (a resumed run).
+    more = lines(range(count - 2, count + 3), loss=0.5)
+    stored, _ = metrics_ingest(job=job, data=more, start_offset=offset)
+    assert stored == 5
+    rows = {p.step: p for p in MetricPoint.objects.filter(job=job)}
+    assert sorted(rows) == list(range(1, count + 3))
+    assert rows[1].loss == 3.0 - 1 / 1000 and rows[1].world_size == 2
+    assert rows[count // 2].loss == 0.25 and rows[count // 2].world_size == 4
+    assert rows[count].loss == 0.5 and rows[count + 2].loss == 0.5
+    assert rows[1].wall_time.timestamp() == 1_800_000_001
+    assert rows[1].samples_per_s == 100.0 and rows[1].step_time_s == 0.1
+
+
+def test_bool_and_text_values_are_not_stored_as_numbers() -> None:
+    job = JobFactory()
+    metrics_ingest(job=job, data=lines(range(1, 2), loss=True, world_size=True), start_offset=0)
+    point = MetricPoint.objects.get(job=job)
+    assert point.loss is None and point.world_size is None
+
+
+@pytest.mark.parametrize("count", [3, 400])
+def test_out_of_range_values_never_fail_the_batch(count: int) -> None:
+    job = JobFactory()
+    data = (
+        lines(range(1, count + 1))
+        + lines(range(-1, 0))
+        + lines(range(2**31, 2**31 + 1))
+        + lines(range(count + 1, count + 2), world_size=70_000)
+    )
+    stored, _ = metrics_ingest(job=job, data=data, start_offset=0)
+    assert stored == count + 1
+    assert MetricPoint.objects.get(job=job, step=count + 1).world_size is None
