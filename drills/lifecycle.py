@@ -88,6 +88,9 @@ class DrillLifecycle(SlurmLifecycle[RestoreDrill]):
     noun = "drill job"
     submit_task = DRILL_SUBMIT
     faultpoint_prefix = "drill_submit"
+    # The verdict is in drill.json; a person clicked and waits for it.
+    FINISH_FROM_EXIT_RECORD = True
+    LATENCY_SENSITIVE = True
 
     def for_submit(self) -> QuerySet[RestoreDrill]:
         return RestoreDrill.objects.select_related("cluster", "checkpoint__job__cluster")

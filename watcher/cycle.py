@@ -119,6 +119,12 @@ def _cycle(cluster: Cluster) -> ReconcileResult:
             transport,
             [(obj, kind.run_directory(obj)) for kind, objects in tracked for obj in objects],
             accounting=result.accounting,
+            early=frozenset(
+                obj.slurm_job_id
+                for kind, objects in tracked
+                if kind.FINISH_FROM_EXIT_RECORD
+                for obj in objects
+            ),
         )
         if views.accounting == ACCOUNTING_DOWN and result.accounting == ACCOUNTING_OK:
             _accounting_failed(cluster, views.accounting_error, now, result)
@@ -241,8 +247,14 @@ def _reconcile_done(cluster: Cluster, result: ReconcileResult, now: datetime) ->
     has_work = any(kind.has_work(cluster) for kind in KINDS) or (
         Job.objects.filter(cluster=cluster, files_final=False).exists()
     )
-    # Back off while nothing changes; with nothing to watch, look rarely.
-    wait = interval * min(2 ** min(idle, 3), 4) if has_work else max(30, interval)
+    # Back off while nothing changes; with nothing to watch, look rarely; while someone
+    # waits for an object in flight (a drill), look at the fast interval without backing off.
+    if any(kind.LATENCY_SENSITIVE and kind.has_work(cluster) for kind in KINDS):
+        wait = min(interval, settings.RECONCILE_FAST_INTERVAL_SECONDS)
+    elif has_work:
+        wait = interval * min(2 ** min(idle, 3), 4)
+    else:
+        wait = max(30, interval)
     Cluster.objects.filter(pk=cluster.pk).update(
         reconcile_idle_cycles=idle,
         last_reconcile_at=now,

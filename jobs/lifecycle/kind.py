@@ -37,6 +37,13 @@ class SlurmKind(Generic[Tracked]):
     submit_task: ClassVar[str]
     # Prefix of this kind's fault points (``<prefix>.after_claim`` ...).
     faultpoint_prefix: ClassVar[str]
+    # Finish from the exit record the batch script wrote as soon as the Slurm job left
+    # the queue, without waiting for sacct (which lags the scheduler by seconds). For kinds
+    # whose outcome is in their own result file (a drill's drill.json), where sacct's finer
+    # final states (OUT_OF_MEMORY, NODE_FAIL) add nothing; jobs wait for accounting.
+    FINISH_FROM_EXIT_RECORD: ClassVar[bool] = False
+    # Watch closely (no idle back-off) while one is in flight: someone waits for it.
+    LATENCY_SENSITIVE: ClassVar[bool] = False
 
     QUEUED = "queued"
     SUBMITTING = "submitting"

@@ -96,6 +96,7 @@ def slurm_views(
     tracked: Sequence[tuple[SlurmTracked, str]],
     *,
     accounting: str = ACCOUNTING_OK,
+    early: frozenset[str] = frozenset(),
 ) -> SlurmViews:
     """One ``squeue`` for every tracked Slurm job; for those that left the queue or show a
     final state there (squeue's view lacks the true exit code), one ``sacct`` — or, when the
@@ -103,7 +104,9 @@ def slurm_views(
     backing off, or it just failed), one listing of their run directories' exit records.
 
     ``tracked``: (object, its run directory). A failing sacct does not hide what squeue
-    said: the views carry the error instead, and the exit records.
+    said: the views carry the error instead, and the exit records. ``early``: Slurm job ids
+    that may finish from their exit record; when sacct has no final record of one yet (it
+    lags), the same listing reads its exit record in this cycle.
     """
     if not tracked:
         return SlurmViews(queue={}, accounted={})
@@ -122,13 +125,24 @@ def slurm_views(
             views.accounted = client.jobs_accounting(
                 [obj.slurm_job_id for obj, _ in need], start=start
             )
-            return views
         except slurm_errors.SlurmError as error:
             if isinstance(error, slurm_errors.SshError):
                 raise
             views.accounting = ACCOUNTING_DOWN
             views.accounting_error = describe_cluster_error(error)
+        if views.accounting == ACCOUNTING_OK:
+            need = [
+                (obj, directory)
+                for obj, directory in need
+                if obj.slurm_job_id in early and not _final(views.accounted.get(obj.slurm_job_id))
+            ]
+            if not need:
+                return views
     evidence = directory_evidence(transport, [directory for _, directory in need])
     for item in evidence.values():
         views.exits.update(item.exits)
     return views
+
+
+def _final(record: SlurmJob | None) -> bool:
+    return record is not None and is_final_phase(record.state)

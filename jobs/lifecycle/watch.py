@@ -198,11 +198,13 @@ class Watching(Submission[Tracked]):
                 seen.append(obj.id)
             if is_final_phase(record.state):
                 return int(self.finished(obj, record, transport, now))
-            return self._apply_active(obj, record)
+        # Without accounting, or (kinds that finish early) before sacct has caught up.
         exit_record = views.exits.get(obj.slurm_job_id)
         if exit_record is not None:
             built = self._refine(obj, record_from_exit(obj.slurm_job_id, queued, exit_record))
             return int(self.finished(obj, built, transport, now))
+        if record is not None:
+            return self._apply_active(obj, record)
         if queued is None and (views.accounting_ok or views.accounting == ACCOUNTING_NONE):
             return self._maybe_lost(obj, now)
         # Final in squeue but not yet in sacct (it lags), or accounting is down: wait.

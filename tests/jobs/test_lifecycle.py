@@ -13,7 +13,13 @@ from django.utils import timezone
 
 from factories import ClusterFactory, JobFactory
 from jobs.job_lifecycle import JOBS
-from jobs.lifecycle import ACCOUNTING_DOWN, ACCOUNTING_NONE, DirectoryEvidence, SlurmViews
+from jobs.lifecycle import (
+    ACCOUNTING_DOWN,
+    ACCOUNTING_NONE,
+    DirectoryEvidence,
+    SlurmViews,
+    slurm_views,
+)
 from jobs.models import Job, JobEvent
 from nodes.slurm import commands as slurm_commands
 from nodes.slurm.client import TagLookup
@@ -152,3 +158,78 @@ def test_accounting_down_never_declares_a_job_lost(settings: Any) -> None:
     assert _apply(job, down).state == "running"
     answered = SlurmViews(queue={}, accounted={})
     assert _apply(job, answered).state == "lost"
+
+
+@dataclass
+class ViewsClient:
+    queue: dict[str, SlurmJob]
+    accounted: dict[str, SlurmJob]
+
+    def jobs_in_queue(self, ids: list[str]) -> dict[str, SlurmJob]:
+        return {i: self.queue[i] for i in ids if i in self.queue}
+
+    def jobs_accounting(self, ids: list[str], *, start: Any) -> dict[str, SlurmJob]:
+        return {i: self.accounted[i] for i in ids if i in self.accounted}
+
+
+@dataclass
+class ListingTransport:
+    answers: dict[str, str]
+    scripts: list[str] = field(default_factory=list)
+
+    def exec_shell(self, script: str, **_: Any) -> Any:
+        self.scripts.append(script)
+        lines = [f"D {d}\n{answer}" for d, answer in self.answers.items() if d in script]
+
+        @dataclass
+        class Result:
+            stdout: str
+
+        return Result("\n".join(lines))
+
+
+def test_sacct_lag_reads_exit_records_only_for_kinds_that_finish_early() -> None:
+    # Both Slurm jobs left the queue; sacct still says RUNNING (it lags the scheduler).
+    late, early = _running("90"), _running("91")
+    client = ViewsClient(
+        queue={},
+        accounted={i: SlurmJob(job_id=i, state="RUNNING") for i in ("90", "91")},
+    )
+    transport = ListingTransport(
+        {
+            "/runs/90": 'X {"slurm_job_id": "90", "exit_code": 0, "signal": null}',
+            "/runs/91": 'X {"slurm_job_id": "91", "exit_code": 0, "signal": null}',
+        }
+    )
+    tracked = [(late, "/runs/90"), (early, "/runs/91")]
+    views = slurm_views(client, transport, tracked, early=frozenset({"91"}))  # type: ignore[arg-type]
+    assert set(views.exits) == {"91"} and views.accounting_ok
+    assert len(transport.scripts) == 1 and "/runs/90" not in transport.scripts[0]
+    # The early kind finishes now; the other waits for sacct's final record.
+    assert _apply(early, views).state == "completed"
+    assert _apply(late, views).state == "running"
+
+
+def test_no_listing_when_sacct_already_has_the_final_record() -> None:
+    job = _running("92")
+    client = ViewsClient(queue={}, accounted={"92": SlurmJob(job_id="92", state="COMPLETED")})
+    transport = ListingTransport({})
+    views = slurm_views(client, transport, [(job, "/runs/92")], early=frozenset({"92"}))  # type: ignore[arg-type]
+    assert transport.scripts == [] and views.exits == {}
+    assert _apply(job, views).state == "completed"
+
+
+def test_a_running_early_job_is_not_finished_by_a_stale_exit_record() -> None:
+    # Still in the queue and running: nothing is listed, whatever the directory holds.
+    job = _running("93")
+    client = ViewsClient(queue={"93": SlurmJob(job_id="93", state="RUNNING")}, accounted={})
+    transport = ListingTransport({"/runs/93": 'X {"slurm_job_id": "93", "exit_code": 0}'})
+    views = slurm_views(client, transport, [(job, "/runs/93")], early=frozenset({"93"}))  # type: ignore[arg-type]
+    assert transport.scripts == [] and _apply(job, views).state == "running"
+
+
+def test_only_drills_finish_early_and_keep_the_watcher_close() -> None:
+    from drills.lifecycle import DRILLS
+
+    assert DRILLS.FINISH_FROM_EXIT_RECORD and DRILLS.LATENCY_SENSITIVE
+    assert not JOBS.FINISH_FROM_EXIT_RECORD and not JOBS.LATENCY_SENSITIVE
