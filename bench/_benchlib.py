@@ -162,6 +162,8 @@ def register_devcluster(dc: Any, *, sync: bool = True) -> Any:
 
     existing = Cluster.objects.filter(name="devcluster").first()
     if existing is not None:
+        if existing.user_ca_public_key:
+            dc.trust_user_ca(existing.user_ca_public_key)
         return existing
     close_all()
     registration = cluster_register(
@@ -179,7 +181,16 @@ def register_devcluster(dc: Any, *, sync: bool = True) -> Any:
     )
     if sync:
         assert cluster_sync(cluster_id=registration.cluster.pk).ok
+    # Jobs run as the researcher: the dev sshd trusts the cluster's user CA.
+    dc.trust_user_ca(registration.cluster.user_ca_public_key)
     return registration.cluster
+
+
+def map_account(cluster: Any, user: Any, account: str) -> None:
+    """``user``'s work on ``cluster`` runs as the dev cluster's Unix user ``account``."""
+    from nodes.identities import cluster_identity_set
+
+    cluster_identity_set(actor=None, cluster=cluster, user=user, account=account)
 
 
 # ---------------------------------------------------------------- users and seeding

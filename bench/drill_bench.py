@@ -104,8 +104,9 @@ def main() -> int:
 
     dc = lib.devcluster()
     dc.wait_quiet()
-    lib.register_devcluster(dc)
+    cluster = lib.register_devcluster(dc)
     researcher = lib.make_user("bench-drill", "researchers")
+    lib.map_account(cluster, researcher, "alice")
     flush_test_broker()
     logs = lib.BENCH_DIR / "drill-logs"
     logs.mkdir(parents=True, exist_ok=True)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -205,3 +206,55 @@ def _redact(url: str) -> str:
     if parsed.password:
         return url.replace(f":{parsed.password}@", ":***@")
     return url
+
+
+# ---------------------------------------------------------------- the development env file
+
+_ENV_LINE_NAME = re.compile(r"[A-Z_][A-Z0-9_]*")
+
+
+def read_env_file(path: Path) -> dict[str, str]:
+    """``NAME=value`` lines: blank lines and ``#`` comments skipped, one pair of matching
+    quotes around a value removed; nothing is expanded or run. A line of another shape
+    stops start-up, naming the file and the line."""
+    values: dict[str, str] = {}
+    for number, raw in enumerate(path.read_text().splitlines(), start=1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        name, sep, value = line.partition("=")
+        name = name.strip().removeprefix("export ").strip()
+        if not sep or not _ENV_LINE_NAME.fullmatch(name):
+            raise ImproperlyConfigured(f"{path}:{number} is not a NAME=value line.")
+        value = value.strip()
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+            value = value[1:-1]
+        values[name] = value
+    return values
+
+
+def development_env(path: Path, *, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The variables ``manage.py`` takes from the development env file ``make run``
+    writes (``var/dev.env``), for those the environment does not set.
+
+    Read only when it is there, says ``DEBUG=true`` itself, and the environment does not
+    say ``DEBUG`` is off (a production environment never gets development settings this
+    way). It holds a secret-free but private configuration: a file others may read or
+    write is refused (mode 0600 and owned by this user, as ``make run`` writes it).
+    """
+    env = _environ(environ)
+    if not path.is_file():
+        return {}
+    if "DEBUG" in env and not envbool("DEBUG", False, environ=env):
+        return {}
+    info = path.stat()
+    if info.st_mode & 0o077 or info.st_uid != os.geteuid():
+        raise ImproperlyConfigured(
+            f"{path} must be private to its owner (mode 0600, owned by uid {os.geteuid()}); "
+            f"it is mode {info.st_mode & 0o777:o}, owned by uid {info.st_uid}: "
+            "chmod 600 it, or remove it (make run writes it again)."
+        )
+    values = read_env_file(path)
+    if not envbool("DEBUG", False, environ=values):
+        return {}
+    return {name: value for name, value in values.items() if name not in env}

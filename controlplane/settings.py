@@ -7,6 +7,7 @@ values with one line naming the variable.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 
@@ -72,6 +73,7 @@ INSTALLED_APPS = [
     "drills",
     "watcher",
     "studies",
+    "notifications",
 ]
 
 MIDDLEWARE = [
@@ -201,14 +203,27 @@ CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
     },
     # Scaling studies: submit a study's next point once its previous one ended.
     "studies-advance": {"task": tasknames.STUDIES_ADVANCE, "schedule": 2.0},
+    # Notifications: turn new job/drill/node events and breaches into deliveries.
+    "notifications-collect": {
+        "task": tasknames.NOTIFICATIONS_COLLECT,
+        "schedule": float(envint("GANTRY_NOTIFY_INTERVAL", 10, minimum=1)),
+    },
 }
 
 # Cluster access. Private keys and known_hosts files live here, 0600, never in the database.
 SSH_DIR = DATA_DIR / "ssh"
 SSH_CONNECT_TIMEOUT = envint("GANTRY_SSH_CONNECT_TIMEOUT", 10, minimum=1)
 SSH_COMMAND_TIMEOUT = envint("GANTRY_SSH_COMMAND_TIMEOUT", 60, minimum=1)
+# Per-user identities (nodes.identities): how long a certificate Gantry signs for a cluster
+# account is valid, and the SSH connection pool of each worker process (one connection per
+# identity in use, closed when idle; at most so many open to one login node).
+SSH_CERTIFICATE_MINUTES = envint("GANTRY_SSH_CERT_MINUTES", 10, minimum=1, maximum=1440)
+SSH_POOL_IDLE_TIMEOUT = envint("GANTRY_SSH_POOL_IDLE_TIMEOUT", 300, minimum=5)
+SSH_POOL_MAX_PER_CLUSTER = envint("GANTRY_SSH_POOL_MAX_PER_CLUSTER", 8, minimum=1, maximum=1000)
 SYNC_INTERVAL_SECONDS = envint("GANTRY_SYNC_INTERVAL", 30, minimum=2)
 RECONCILE_INTERVAL_SECONDS = envint("GANTRY_RECONCILE_INTERVAL", 5, minimum=1)
+# How often the watcher asks Slurm (squeue --start) when pending jobs may start.
+PENDING_REFRESH_SECONDS = envint("GANTRY_PENDING_REFRESH", 30, minimum=5)
 # While a drill is in flight (someone waits for its verdict): this often, no back-off.
 RECONCILE_FAST_INTERVAL_SECONDS = envint("GANTRY_RECONCILE_FAST_INTERVAL", 1, minimum=1)
 SUBMIT_LEASE_SECONDS = envint("GANTRY_SUBMIT_LEASE", 120, minimum=5)
@@ -253,6 +268,30 @@ TOKEN_MAX_FAILURES = envint("GANTRY_TOKEN_MAX_FAILURES", 30, minimum=1)
 METRICS_TOKEN = envsecret("GANTRY_METRICS_TOKEN")
 METRICS_ALLOW = envnetworks("GANTRY_METRICS_ALLOW")
 
+# Notifications (the notifications app). Webhook URLs are user input: only public
+# addresses, unless listed here (CIDR networks), e.g. an internal receiver.
+WEBHOOK_ALLOW = envnetworks("GANTRY_WEBHOOK_ALLOW")
+WEBHOOK_TIMEOUT_SECONDS = envint("GANTRY_WEBHOOK_TIMEOUT", 5, minimum=1, maximum=60)
+NOTIFY_RETRY_BASE_SECONDS = envint("GANTRY_NOTIFY_RETRY_BASE", 30, minimum=1, maximum=3600)
+NOTIFY_MAX_ATTEMPTS = envint("GANTRY_NOTIFY_MAX_ATTEMPTS", 8, minimum=1, maximum=50)
+# Links in notifications: absolute when set (https://gantry.example.org), else paths.
+GANTRY_BASE_URL = envstr("GANTRY_BASE_URL", "").rstrip("/")
+# Email: SMTP when GANTRY_EMAIL_HOST is set; the console (the web or worker log) in
+# development; off otherwise (email subscriptions are refused).
+EMAIL_HOST = envstr("GANTRY_EMAIL_HOST", "")
+if EMAIL_HOST:
+    EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
+elif DEBUG:
+    EMAIL_BACKEND = "django.core.mail.backends.console.EmailBackend"
+else:
+    EMAIL_BACKEND = "django.core.mail.backends.dummy.EmailBackend"
+EMAIL_PORT = envint("GANTRY_EMAIL_PORT", 587, minimum=1, maximum=65535)
+EMAIL_HOST_USER = envstr("GANTRY_EMAIL_USER", "")
+EMAIL_HOST_PASSWORD = envsecret("GANTRY_EMAIL_PASSWORD") or ""
+EMAIL_USE_TLS = envbool("GANTRY_EMAIL_TLS", True)
+EMAIL_TIMEOUT = envint("GANTRY_EMAIL_TIMEOUT", 10, minimum=1, maximum=120)
+DEFAULT_FROM_EMAIL = envstr("GANTRY_EMAIL_FROM", "gantry@localhost")
+
 # REST API.
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
@@ -271,8 +310,17 @@ REST_FRAMEWORK = {
 SPECTACULAR_SETTINGS = {
     "TITLE": "Gantry API",
     "DESCRIPTION": (
-        "Clusters, nodes, jobs, checkpoints and restore drills. "
-        'Every error has the shape {"message": str, "extra": object}.'
+        "Clusters, nodes, jobs, job templates, checkpoints and restore drills. "
+        'Every error has the shape {"message": str, "extra": object}.\n\n'
+        "**Authentication.** Send `Authorization: Token <secret>` with a personal API token, "
+        "made, listed and revoked at `/account/tokens/` (a name and an optional expiry of at "
+        "most 365 days; the secret is shown once and only its SHA-256 is kept), or a key an "
+        "operator made in the admin; a browser session works too. A revoked, expired or "
+        "unknown token gets `401` (`Token revoked.`, `Token expired.`, `Invalid token.`); "
+        "many bad tokens from one address get `429`.\n\n"
+        "Calls that act on a cluster (submit, cancel, hold, release, drills) answer `202` "
+        "with the id and a `poll` URL; lists that grow are cursor-paginated. A job's whole "
+        "output is at `GET /api/v1/jobs/{id}/output/` (HTTP range requests)."
     ),
     "VERSION": "1.0.0",
     "SERVE_INCLUDE_SCHEMA": False,
@@ -292,14 +340,30 @@ SPECTACULAR_SETTINGS = {
     },
 }
 
-LOGGING = {
+# A quiet console (make run sets it): what changes and what fails, not every periodic
+# task's lines (controlplane.logfilters); the Celery worker and beat log through this too.
+QUIET_LOGS = envbool("GANTRY_QUIET_LOGS", False)
+LOGGING: dict[str, Any] = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "filters": {"quiet": {"()": "controlplane.logfilters.QuietPeriodic"}},
+    "handlers": {
+        "console": {
+            "class": "logging.StreamHandler",
+            "formatter": "plain",
+            "filters": ["quiet"] if QUIET_LOGS else [],
+        }
+    },
     "root": {"handlers": ["console"], "level": envstr("GANTRY_LOG_LEVEL", "INFO")},
     "loggers": {
         "paramiko": {"level": "WARNING"},
         "django.db.backends": {"level": "INFO"},
+        # Django's own request log otherwise bypasses the console handler and its filter.
+        **(
+            {"django.server": {"handlers": ["console"], "level": "INFO", "propagate": False}}
+            if QUIET_LOGS
+            else {}
+        ),
     },
 }

@@ -22,6 +22,8 @@ DRILL_POLICIES_APPLY = "drills.policies_apply"
 CLUSTER_RECONCILE = "watcher.cluster_reconcile"
 CLUSTERS_RECONCILE_DUE = "watcher.clusters_reconcile_due"
 STUDIES_ADVANCE = "studies.advance_all"
+NOTIFICATIONS_COLLECT = "notifications.collect"
+NOTIFICATION_DELIVER = "notifications.deliver"
 
 
 def task_send(name: str, *args: Any) -> bool:

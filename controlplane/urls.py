@@ -19,6 +19,7 @@ api_v1: list[URLPattern | URLResolver] = [
     path("", include("studies.api_urls")),
     path("", include("jobs.api_urls")),
     path("", include("drills.api_urls")),
+    path("", include("notifications.api_urls")),
 ]
 
 urlpatterns = [
@@ -31,6 +32,7 @@ urlpatterns = [
     path("", include("drills.urls")),
     path("studies/", include("studies.urls")),
     path("account/", include("core.urls")),
+    path("account/notifications/", include("notifications.urls")),
     path("accounts/login/", RateLimitedLoginView.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),

@@ -20,12 +20,21 @@ class AuditAction(models.TextChoices):
     CLUSTER_PROBE = "cluster.probe"
     CLUSTER_SYNC_REQUEST = "cluster.sync_request"
     CLUSTER_DELETE = "cluster.delete"
+    CLUSTER_USER_AUTH = "cluster.user_auth"
+    CLUSTER_USER_CA_CREATE = "cluster.user_ca_create"
+    CLUSTER_IDENTITY_SET = "cluster_identity.set"
+    CLUSTER_IDENTITY_DELETE = "cluster_identity.delete"
     NODE_DRAIN = "node.drain"
     NODE_RESUME = "node.resume"
     JOB_SUBMIT = "job.submit"
     JOB_RESUME = "job.resume"
     JOB_CANCEL = "job.cancel"
     JOB_DELETE = "job.delete"
+    JOB_HOLD = "job.hold"
+    JOB_RELEASE = "job.release"
+    JOB_TEMPLATE_CREATE = "job_template.create"
+    JOB_TEMPLATE_UPDATE = "job_template.update"
+    JOB_TEMPLATE_DELETE = "job_template.delete"
     CHECKPOINT_VERIFY = "checkpoint.verify"
     DRILL_START = "drill.start"
     DRILL_CANCEL = "drill.cancel"
@@ -35,6 +44,8 @@ class AuditAction(models.TextChoices):
     # Action names, not secrets (ruff's S105 goes by the word "token").
     API_TOKEN_CREATE = "api_token.create"  # noqa: S105
     API_TOKEN_REVOKE = "api_token.revoke"  # noqa: S105
+    NOTIFICATION_SUBSCRIBE = "notification.subscribe"
+    NOTIFICATION_UNSUBSCRIBE = "notification.unsubscribe"
 
 
 def audit_event_record(

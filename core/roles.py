@@ -82,4 +82,16 @@ def roles_sync() -> None:
         permission("core.view_apitoken"),
         permission("authtoken.view_token"),
     ]
+    # The delivery log of notifications (notifications 0002 grants the same).
+    grants += list(
+        Permission.objects.filter(
+            content_type__app_label="notifications",
+            codename__in=[
+                "view_subscription",
+                "view_event",
+                "view_delivery",
+                "view_deliveryattempt",
+            ],
+        )
+    )
     operators.permissions.set(grants)

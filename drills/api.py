@@ -22,6 +22,7 @@ from drills.services import checkpoint_verify_request, restore_drill_cancel, res
 from jobs.models import Checkpoint
 from jobs.selectors import checkpoint_get_for_user
 from nodes.models import Cluster
+from trainer.sharding import rank_summary
 
 
 class DrillSerializer(serializers.ModelSerializer):
@@ -75,6 +76,8 @@ class CheckpointDetailSerializer(serializers.ModelSerializer):
     last_drill = serializers.SerializerMethodField()
     fingerprint = serializers.SerializerMethodField()
     proven_by = serializers.SerializerMethodField()
+    strategy = serializers.SerializerMethodField()
+    shards_per_rank = serializers.SerializerMethodField()
 
     class Meta:
         model = Checkpoint
@@ -99,7 +102,19 @@ class CheckpointDetailSerializer(serializers.ModelSerializer):
             "last_drill",
             "fingerprint",
             "proven_by",
+            "strategy",
+            "shards_per_rank",
         ]
+
+    def get_strategy(self, checkpoint: Checkpoint) -> str:
+        """ddp or fsdp (a checkpoint of format 2 is DDP)."""
+        return str((checkpoint.manifest or {}).get("strategy") or "ddp")
+
+    def get_shards_per_rank(self, checkpoint: Checkpoint) -> list[dict[str, Any]]:
+        """Per rank: files, file bytes, tensor slices and whole tensors held, tensor bytes
+        (which rows of which tensor: ``manifest.sharding``)."""
+        manifest = checkpoint.manifest or {}
+        return rank_summary(manifest) if manifest.get("sharding") else []
 
     def get_fingerprint(self, checkpoint: Checkpoint) -> dict[str, Any] | None:
         """Gantry's record of the state at this step (the full fingerprint is in the

@@ -22,6 +22,7 @@ from jobs.lifecycle import Phase, SlurmLifecycle, WontSubmit, slurm_phase
 from jobs.models import Checkpoint
 from jobs.runtime import ScriptSpec, drill_dir, render_sbatch
 from jobs.trainers import TrainerUnavailable, trainer_version_ensure
+from nodes.cluster_access import transport_for
 from nodes.slurm import errors as slurm_errors
 from nodes.slurm.parsers import SlurmJob
 from nodes.slurm.transport import SshTransport
@@ -35,7 +36,7 @@ def drill_script_spec(drill: RestoreDrill, *, trainer_path: str) -> ScriptSpec:
     Gantry's reference (written next to it), K steps on the drill's allocation."""
     job = drill.checkpoint.job
     cluster = job.cluster
-    out_dir = drill_dir(cluster.workdir, str(job.id), str(drill.id))
+    out_dir = drill_dir(cluster.workdir, str(job.id), str(drill.id), job.run_as)
     allocation = drill.allocation
     return ScriptSpec(
         job_id=str(drill.id),
@@ -97,7 +98,12 @@ class DrillLifecycle(SlurmLifecycle[RestoreDrill]):
 
     def run_directory(self, obj: RestoreDrill) -> str:
         job = obj.checkpoint.job
-        return drill_dir(job.cluster.workdir, str(job.id), str(obj.id))
+        return drill_dir(job.cluster.workdir, str(job.id), str(obj.id), job.run_as)
+
+    def run_as(self, obj: RestoreDrill) -> str:
+        # As the checkpoint's owner, whoever asked (an operator's drill is audited as
+        # theirs): the checkpoint and the drill directory are that account's alone.
+        return obj.checkpoint.job.run_as
 
     def prepare(self, obj: RestoreDrill, transport: SshTransport) -> str:
         """The trainer version (shipped again from Gantry's archive if the cluster lost
@@ -107,7 +113,8 @@ class DrillLifecycle(SlurmLifecycle[RestoreDrill]):
         cluster = checkpoint.job.cluster
         digest = drill_trainer_digest(obj)
         try:
-            trainer_path = trainer_version_ensure(transport, cluster.workdir, digest)
+            # The shared trainer archive is written as the service account.
+            trainer_path = trainer_version_ensure(transport_for(cluster), cluster.workdir, digest)
         except TrainerUnavailable as error:
             raise WontSubmit(
                 Reason.TRAINER_UNAVAILABLE,
@@ -123,7 +130,7 @@ class DrillLifecycle(SlurmLifecycle[RestoreDrill]):
             )
         reference_bytes = json.dumps(reference, sort_keys=True).encode()
         spec = drill_script_spec(obj, trainer_path=trainer_path)
-        transport.makedirs(spec.run_dir)
+        transport.makedirs(spec.run_dir, mode=0o700)
         transport.put_bytes(f"{spec.run_dir}/{REFERENCE_NAME}", reference_bytes)
         values = {"trainer_digest": digest, "reference_digest": json_digest(reference)}
         RestoreDrill.objects.filter(id=obj.id).update(**values)
@@ -227,14 +234,13 @@ class DrillLifecycle(SlurmLifecycle[RestoreDrill]):
                 break
         return "cancelled"
 
-    def finished(
-        self, obj: RestoreDrill, record: SlurmJob, transport: SshTransport, now: datetime
-    ) -> bool:
+    def finished(self, obj: RestoreDrill, record: SlurmJob, now: datetime) -> bool:
         if slurm_phase(record.state) == Phase.CANCELLED:
             return self.transition(obj, RestoreDrill.State.CANCELLED, finished_at=now)
         if obj.started_at is None and record.start_time:
             # It ran and ended between two cycles: fill in when it started.
             RestoreDrill.objects.filter(id=obj.id).update(**_started_values(obj, record.start_time))
+        transport = self.transport_of(obj)
         report = _read_report(obj, transport)
         if _retention_removed_it(obj, report, transport):
             # The whole directory is gone: the trainer's retention rotated the checkpoint

@@ -26,7 +26,7 @@ from drills.reference import has_fingerprint, losses_logged, next_checkpoint_ste
 from jobs.models import Checkpoint, Job, StateFingerprint
 from jobs.runtime import trainer_ensure_uploaded
 from jobs.validation import JobRequest, job_request_validate
-from nodes.cluster_access import transport_for
+from nodes.cluster_access import transport_as, transport_for
 
 ALLOCATION_KEYS = (
     "partition",
@@ -190,6 +190,8 @@ def restore_drill_start(
                     "steps": steps,
                     "replay_to_step": replay_to,
                     "trainer": trainer,
+                    # The drill runs as the checkpoint's account, whoever asked.
+                    "run_as": job.run_as or job.cluster.ssh_user,
                 },
             )
             drill_id = str(drill.id)
@@ -243,13 +245,15 @@ def restore_drill_delete(*, actor: Any, drill: RestoreDrill) -> None:
 
 
 def checkpoint_verify(*, checkpoint_id: int) -> Checkpoint:
-    """Integrity only: run the trainer's ``verify --json`` on the login node over SSH.
+    """Integrity only: run the trainer's ``verify --json`` on the login node over SSH, as
+    the checkpoint's account (its files are readable by it alone); the trainer is shipped
+    to the shared archive as the service account.
 
     Read-only on the cluster, so safe to repeat."""
     checkpoint = Checkpoint.objects.select_related("job__cluster").get(pk=checkpoint_id)
     cluster = checkpoint.job.cluster
-    transport = transport_for(cluster)
-    trainer_path = trainer_ensure_uploaded(transport, cluster.workdir)
+    trainer_path = trainer_ensure_uploaded(transport_for(cluster), cluster.workdir)
+    transport = transport_as(cluster, checkpoint.job.run_as)
     result = transport.exec(
         [
             "env",

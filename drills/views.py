@@ -35,6 +35,49 @@ from drills.services import (
 from jobs.models import Checkpoint
 from jobs.selectors import checkpoint_get_for_user, job_get_for_user
 from nodes.models import Cluster
+from trainer.sharding import rank_summary
+
+# Rows of the "which rank holds which rows" table on the checkpoint page (the API has all).
+SHARDING_ROWS = 400
+
+
+def sharding_panel(manifest: dict[str, Any]) -> dict[str, Any]:
+    """What each rank of a checkpoint holds, from its manifest: the strategy, per rank its
+    files and bytes and how many slices / whole tensors, and per tensor which rank holds
+    which rows (format 3; a format-2 checkpoint is DDP: everything whole on rank 0)."""
+    table = manifest.get("sharding") or {}
+    tensors = []
+    for key, item in sorted(table.items())[:SHARDING_ROWS]:
+        if not isinstance(item, dict):
+            continue
+        shape = item.get("global_shape") or []
+        holders = [
+            {
+                "rank": shard.get("rank"),
+                "rows": (
+                    f"rows {shard.get('start')}–{int(shard.get('start') or 0) + int(shard['rows'])}"
+                    if item.get("placement") == "shard0" and shard.get("rows") is not None
+                    else "whole"
+                ),
+                "nbytes": shard.get("nbytes"),
+            }
+            for shard in sorted(item.get("shards") or [], key=lambda s: s.get("rank", 0))
+        ]
+        tensors.append(
+            {
+                "key": key,
+                "shape": "×".join(str(n) for n in shape) or "scalar",
+                "dtype": item.get("dtype"),
+                "placement": item.get("placement"),
+                "holders": holders,
+            }
+        )
+    return {
+        "strategy": manifest.get("strategy") or "ddp",
+        "ranks": rank_summary(manifest) if table else [],
+        "tensors": tensors,
+        "tensor_count": len(table),
+    }
 
 
 def _int(value: str | None) -> int | None:
@@ -69,6 +112,7 @@ def checkpoint_page(request: HttpRequest, job_id: uuid.UUID, step: int) -> HttpR
             "next_step": next_checkpoint_step(checkpoint),
             "fingerprint": job.fingerprints.filter(step=checkpoint.step).first(),
             "proofs": checkpoint_proofs(checkpoint=checkpoint),
+            "sharding": sharding_panel(checkpoint.manifest or {}),
         },
     )
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 from django.urls import reverse
@@ -15,19 +14,19 @@ from rest_framework.views import APIView
 from core.api import CursorPagination
 from core.errors import FieldError
 from core.permissions import IsResearcherOrOperator
+from jobs.job_settings import job_request_from_values
 from jobs.models import Checkpoint, Job, JobEvent
-from jobs.pending import pending_reason
+from jobs.pending_queue import job_pending_summary
 from jobs.placement import job_request_with_advice, placement_advice_for_request
 from jobs.selectors import (
     job_get_for_user,
     job_goodput,
     job_list,
     job_metrics,
-    job_queue_position,
 )
 from jobs.services import job_cancel, job_log_tail, job_preview, job_resume, job_submit
 from jobs.validation import JobRequest
-from nodes.models import Cluster
+from jobs.work_at_risk import job_work_at_risk
 from nodes.placement_service import placement_as_dict
 from trainer.config import DEFAULTS, PRESETS
 
@@ -67,6 +66,8 @@ class JobSerializer(serializers.ModelSerializer):
             "id",
             "name",
             "owner",
+            # The cluster account it runs as ("": the cluster's service account).
+            "run_as",
             "cluster",
             "state",
             "state_reason",
@@ -148,18 +149,57 @@ class GoodputSerializer(GoodputLedgerSerializer):
     advice = GoodputAdviceSerializer()
 
 
+class WorkSinceSerializer(serializers.Serializer):
+    checkpoint_step = serializers.IntegerField(
+        allow_null=True, help_text="null: no such checkpoint; counted from the job's start"
+    )
+    since = serializers.DateTimeField()
+    age_s = serializers.FloatField()
+    gpu_hours = serializers.FloatField(help_text="allocated GPUs (ranks without GPUs) × age")
+
+
+class ResumedFromSerializer(serializers.Serializer):
+    checkpoint_step = serializers.IntegerField()
+    proven = serializers.BooleanField()
+
+
+class WorkAtRiskSerializer(serializers.Serializer):
+    """What the running job would lose if it died now (``jobs.work_at_risk``)."""
+
+    gpus = serializers.IntegerField()
+    since_proven = WorkSinceSerializer(help_text="since the newest checkpoint a drill proved")
+    since_written = WorkSinceSerializer(help_text="since the newest checkpoint written")
+    max_proven_age_s = serializers.FloatField(
+        allow_null=True, help_text="the cluster's limit on the proven checkpoint's age"
+    )
+    breached = serializers.BooleanField()
+    resumed_from = ResumedFromSerializer(allow_null=True)
+
+
 class QueuePositionSerializer(serializers.Serializer):
-    position = serializers.IntegerField(help_text="1 = first by submit time")
-    of = serializers.IntegerField(help_text="pending jobs Gantry knows in the partition")
+    position = serializers.IntegerField(help_text="1 = the next to be considered")
+    of = serializers.IntegerField(help_text="pending jobs in the partition")
     partition = serializers.CharField()
+    basis = serializers.ChoiceField(
+        choices=["slurm", "gantry"],
+        help_text="slurm: among every pending job of the partition, by Slurm's priority "
+        "(squeue --start); gantry: among Gantry's own pending jobs, by submit time, until "
+        "the watcher has asked Slurm",
+    )
 
 
 class PendingReasonSerializer(serializers.Serializer):
-    """Why a pending job waits. ``queue_position`` is Gantry's view of the queue (its own
-    pending jobs in the cluster and partition, by submit time), not Slurm's priority order."""
+    """Why a pending job waits, and when Slurm expects it to start."""
 
     code = serializers.CharField(help_text="Slurm's reason code, e.g. Resources")
     explanation = serializers.CharField(help_text="the code in plain words")
+    held = serializers.BooleanField(help_text="held (scontrol hold): POST …/release/ frees it")
+    expected_start = serializers.DateTimeField(
+        allow_null=True, help_text="Slurm's estimate (squeue --start); null: it has none"
+    )
+    checked_at = serializers.DateTimeField(
+        allow_null=True, help_text="when Gantry last asked Slurm; null: not yet"
+    )
     queue_position = QueuePositionSerializer(allow_null=True)
 
 
@@ -169,6 +209,7 @@ class JobDetailSerializer(JobSerializer):
         source="throughput_now", read_only=True, allow_null=True
     )
     goodput = serializers.SerializerMethodField()
+    work_at_risk = serializers.SerializerMethodField()
     pending_reason = serializers.SerializerMethodField()
 
     class Meta(JobSerializer.Meta):
@@ -177,19 +218,21 @@ class JobDetailSerializer(JobSerializer):
             "acceptance",
             "throughput_samples_per_s",
             "goodput",
+            "work_at_risk",
             "pending_reason",
         ]
+
+    @extend_schema_field(WorkAtRiskSerializer(allow_null=True))
+    def get_work_at_risk(self, job: Job) -> dict[str, Any] | None:
+        """Only while the job runs; null otherwise."""
+        risk = job_work_at_risk(job=job)
+        return None if risk is None else WorkAtRiskSerializer(risk.as_dict()).data  # type: ignore[return-value]
 
     @extend_schema_field(PendingReasonSerializer(allow_null=True))
     def get_pending_reason(self, job: Job) -> dict[str, Any] | None:
         """Only for a job pending in Slurm; null otherwise."""
-        if job.state != Job.State.PENDING:
-            return None
-        position = job_queue_position(job=job)
-        return {
-            **pending_reason(job.state_reason),
-            "queue_position": dataclasses.asdict(position) if position else None,
-        }
+        summary = job_pending_summary(job=job)
+        return None if summary is None else PendingReasonSerializer(summary).data  # type: ignore[return-value]
 
     @extend_schema_field(GoodputSerializer)
     def get_goodput(self, job: Job) -> dict[str, Any]:
@@ -230,35 +273,8 @@ class JobInputSerializer(serializers.Serializer):
 
 
 def job_request_from(data: dict[str, Any]) -> JobRequest:
-    name = data.get("cluster")
-    if name:
-        cluster = Cluster.objects.filter(name=name).first()
-        if cluster is None:
-            raise FieldError("cluster", f"no cluster named {name!r}")
-    else:
-        cluster = Cluster.objects.filter(is_default=True).first()
-        if cluster is None:
-            raise FieldError("cluster", "no default cluster; name one")
-    config = dict(data.get("config") or {})
-    if data.get("preset"):
-        config.setdefault("preset", data["preset"])
-    tasks = data.get("tasks_per_node") or max(1, data["gpus_per_node"])
-    return JobRequest(
-        cluster=cluster,
-        name=data["name"],
-        config=config,
-        partition=data.get("partition") or cluster.default_partition,
-        nodes=data["nodes"],
-        gpus_per_node=data["gpus_per_node"],
-        gpu_type=data.get("gpu_type") or "",
-        tasks_per_node=tasks,
-        cpus_per_task=data["cpus_per_task"],
-        memory_mb=data.get("memory_mb"),
-        time_limit_minutes=data["time_limit_minutes"],
-        nodelist=data.get("nodelist") or "",
-        switches=data.get("switches") or "",
-        environment=dict(data.get("environment") or {}),
-    )
+    """The validated submit body as a JobRequest (the same conversion templates use)."""
+    return job_request_from_values(data)
 
 
 class AcceptedSerializer(serializers.Serializer):

@@ -21,6 +21,9 @@ Each span is cut into buckets, in seconds:
   again: a job's steps after the checkpoint its successor resumed from, and every step of a
   job that lies off the final timeline (a later job resumed from an earlier checkpoint).
 * ``idle``: a job's end → its resume job's submission.
+* A span ends when Slurm says the job ended, or at its newest logged step if that is
+  later (Slurm's times are whole seconds; the trainer's are not); for the same reason its
+  running part starts at Slurm's start or at Gantry's submit time, whichever is later.
 * ``other``: the rest of the span (the time between logged steps, the final checkpoint wait,
   teardown), so that the buckets sum to the wall time exactly:
   ``other = wall − Σ(named buckets)``, never negative because step buckets are scaled down
@@ -197,6 +200,16 @@ class JobTimes:
     lost: StepTotals = field(default_factory=StepTotals)
     # The job it was resumed from, for the idle gap before it.
     source_id: str | None = None
+    # The wall time of the newest logged step: proof the job still ran then, where Slurm's
+    # end time (whole seconds) says it had ended already.
+    last_step_at: datetime | None = None
+
+    def end(self, now: datetime) -> datetime:
+        """Where its span ends: its end (now while it runs), never before its last step."""
+        end = self.ended_at or now
+        if self.last_step_at is not None and self.last_step_at > end:
+            return self.last_step_at
+        return end
 
 
 @dataclass(frozen=True)
@@ -233,17 +246,19 @@ def job_ledger(job: JobTimes, *, now: datetime, idle_before_s: float = 0.0) -> L
     span_start = job.submitted_at or job.started_at
     if span_start is None:
         return Ledger(wall_s=buckets["idle"], buckets=buckets)
-    span_end = job.ended_at or now
-    span = max(0.0, _seconds(span_end, span_start))
+    span = max(0.0, _seconds(job.end(now), span_start))
     if job.started_at is None:
         buckets["queued"] = span
         return Ledger(wall_s=span + buckets["idle"], buckets=buckets)
     buckets["queued"] = _clamp(_seconds(job.started_at, span_start), 0.0, span)
     running = span - buckets["queued"]
+    # Slurm's start is in whole seconds and can read before Gantry's own submit time: the
+    # job's running part starts at the later of the two, so the loop's window is not cut.
+    started = max(job.started_at, span_start)
     if job.loop_started_at is None:
         startup = running
     else:
-        startup = _clamp(_seconds(job.loop_started_at, job.started_at), 0.0, running)
+        startup = _clamp(_seconds(job.loop_started_at, started), 0.0, running)
     if job.resumed:
         restore = startup if job.restore_s is None else _clamp(job.restore_s, 0.0, startup)
         buckets["restore"] = restore
@@ -271,24 +286,63 @@ def job_ledger(job: JobTimes, *, now: datetime, idle_before_s: float = 0.0) -> L
     return Ledger(wall_s=wall, buckets=buckets)
 
 
+def idle_before(job: JobTimes, *, source_ended_at: datetime | None, now: datetime) -> float:
+    """The idle gap before a resumed job: the end of the job it was resumed from to its
+    own submission (0 when it was not resumed or its source has not ended)."""
+    if source_ended_at is None:
+        return 0.0
+    waited_until = job.submitted_at or job.started_at or job.ended_at or now
+    return max(0.0, _seconds(waited_until, source_ended_at))
+
+
 def lineage_ledgers(jobs: Sequence[JobTimes], *, now: datetime) -> tuple[Ledger, dict[str, Ledger]]:
     """The lineage's ledger and each job's (which sum to it). A job's ledger holds the idle
     gap between the end of the job it was resumed from and its own submission."""
     by_id = {job.job_id: job for job in jobs}
     per_job: dict[str, Ledger] = {}
     for job in jobs:
-        idle = 0.0
         source = by_id.get(job.source_id) if job.source_id else None
-        if source is not None and source.ended_at is not None:
-            waited_until = job.submitted_at or job.started_at or job.ended_at or now
-            idle = max(0.0, _seconds(waited_until, source.ended_at))
+        source_end = source.end(now) if source is not None and source.ended_at else None
+        idle = idle_before(job, source_ended_at=source_end, now=now)
         per_job[job.job_id] = job_ledger(job, now=now, idle_before_s=idle)
+    return sum_ledgers(per_job.values()), per_job
+
+
+def lineages(links: Sequence[LineageLink]) -> list[list[LineageLink]]:
+    """Split links of many jobs into lineages: jobs joined through the job each was resumed
+    from (a source outside ``links`` starts a lineage of its own there)."""
+    parent = {link.job_id: link.job_id for link in links}
+
+    def root(job_id: str) -> str:
+        while parent[job_id] != job_id:
+            parent[job_id] = parent[parent[job_id]]
+            job_id = parent[job_id]
+        return job_id
+
+    for link in links:
+        if link.source_id in parent:
+            parent[root(link.job_id)] = root(link.source_id)
+    groups: dict[str, list[LineageLink]] = {}
+    for link in links:
+        groups.setdefault(root(link.job_id), []).append(link)
+    return list(groups.values())
+
+
+def iso_week(moment: datetime) -> str:
+    """The ISO week of ``moment`` (in its own time zone), as ``2026-W09``."""
+    year, week, _ = moment.isocalendar()
+    return f"{year}-W{week:02d}"
+
+
+def sum_ledgers(ledgers: Iterable[Ledger]) -> Ledger:
+    """Ledgers added bucket by bucket (their ratio is Σ productive / Σ wall)."""
     buckets = dict.fromkeys(BUCKETS, 0.0)
-    for ledger in per_job.values():
+    wall = 0.0
+    for ledger in ledgers:
+        wall += ledger.wall_s
         for name in BUCKETS:
             buckets[name] += ledger.buckets[name]
-    wall = sum(ledger.wall_s for ledger in per_job.values())
-    return Ledger(wall_s=wall, buckets=buckets), per_job
+    return Ledger(wall_s=wall, buckets=buckets)
 
 
 # Advice -------------------------------------------------------------------------------

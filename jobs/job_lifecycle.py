@@ -11,13 +11,21 @@ from django.db.models import QuerySet
 from django.utils import timezone
 
 from controlplane.tasknames import JOB_SUBMIT
-from jobs.lifecycle import SlurmLifecycle, slurm_phase
+from jobs.lifecycle import SlurmLifecycle, WontSubmit, slurm_phase
 from jobs.models import Job, JobEvent
-from jobs.runtime import render_sbatch, run_dir, trainer_ensure_uploaded
+from jobs.runtime import (
+    UserAreaError,
+    render_sbatch,
+    run_dir,
+    trainer_ensure_uploaded,
+    user_area_ensure,
+)
 from jobs.script import job_script_spec
 from jobs.trainers import archive_current
+from nodes.cluster_access import transport_for
 from nodes.slurm.parsers import SlurmJob
 from nodes.slurm.transport import SshTransport
+from trainer.schema import Reason
 
 _NO_NODES = ("None assigned", "(null)")
 
@@ -65,7 +73,10 @@ class JobLifecycle(SlurmLifecycle[Job]):
         return Job.objects.select_related("cluster", "resume_from")
 
     def run_directory(self, obj: Job) -> str:
-        return run_dir(obj.cluster.workdir, str(obj.id))
+        return run_dir(obj.cluster.workdir, str(obj.id), obj.run_as)
+
+    def run_as(self, obj: Job) -> str:
+        return obj.run_as
 
     def cancel_was_requested(self, obj: Job) -> bool:
         return JobEvent.objects.filter(job_id=obj.id, kind="cancel").exists()
@@ -82,16 +93,25 @@ class JobLifecycle(SlurmLifecycle[Job]):
             job_event(obj, "submit_attempt", message=f"attempt {obj.submit_attempts}")
 
     def prepare(self, obj: Job, transport: SshTransport) -> str:
+        """``transport``: the job's account. The trainer goes to the shared, content-
+        addressed archive as the service account (read-only for users); the run
+        directory (0700) and its files are written as the job's account."""
         cluster = obj.cluster
         directory = self.run_directory(obj)
+        shared = transport_for(cluster)
         # Keep this trainer version (Gantry's archive and the cluster's copy): drills of
         # the job's checkpoints run the version that wrote them.
         digest = archive_current()
-        trainer_path = trainer_ensure_uploaded(transport, cluster.workdir)
+        trainer_path = trainer_ensure_uploaded(shared, cluster.workdir)
         if obj.trainer_digest != digest:
             Job.objects.filter(id=obj.id).update(trainer_digest=digest)
             obj.trainer_digest = digest
-        transport.makedirs(directory)
+        if obj.run_as:
+            try:
+                user_area_ensure(shared, transport, cluster.workdir, obj.run_as)
+            except UserAreaError as error:
+                raise WontSubmit(Reason.INFRASTRUCTURE_ERROR, str(error)) from None
+        transport.makedirs(directory, mode=0o700)
         transport.put_bytes(f"{directory}/config.json", json.dumps(obj.config, indent=2).encode())
         resume_path = obj.resume_from.path if obj.resume_from else None
         spec = job_script_spec(obj, trainer_path=trainer_path, resume_path=resume_path)
@@ -134,7 +154,7 @@ class JobLifecycle(SlurmLifecycle[Job]):
             values["state_reason"] = reason[:512]
         return values
 
-    def finished(self, obj: Job, record: SlurmJob, transport: SshTransport, now: datetime) -> bool:
+    def finished(self, obj: Job, record: SlurmJob, now: datetime) -> bool:
         phase = slurm_phase(record.state)
         assert phase is not None
         values = final_values(record)

@@ -127,6 +127,12 @@ class Job(SlurmTracked):
     # The trainer version Gantry shipped for this job (sha256 of its sources): a drill of
     # its checkpoints runs this version, kept on the cluster by digest.
     trainer_digest = models.CharField(max_length=64, blank=True)
+    # The cluster account the job runs as (its owner's identity when it was submitted;
+    # for a resume, the account of the checkpoint's job), fixed for its lifetime: its run
+    # directory is <workdir>/users/<account>/runs/<id>. Empty: the cluster's service
+    # account and <workdir>/runs/<id> (jobs from before per-user identities, clusters in
+    # service-account mode).
+    run_as = models.CharField("runs as (cluster account)", max_length=32, blank=True)
     # Mean samples/s of the newest logged steps, kept by the watcher: lists and the
     # overview read one column instead of aggregating metric points per row.
     throughput_now = models.FloatField(null=True, blank=True)
@@ -138,6 +144,14 @@ class Job(SlurmTracked):
     files_final = models.BooleanField(default=False)
 
     ended_at = models.DateTimeField(null=True, blank=True)
+
+    # While the job is pending: what ``squeue --start`` said when the watcher last asked
+    # (``jobs.queue_estimates``): Slurm's expected start (None: it has no estimate) and the
+    # job's place among the pending jobs of its partition, in Slurm's priority order.
+    expected_start_at = models.DateTimeField(null=True, blank=True)
+    queue_position = models.PositiveIntegerField(null=True, blank=True)
+    queue_length = models.PositiveIntegerField(null=True, blank=True)
+    pending_checked_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-created_at"]
@@ -296,3 +310,36 @@ class StateFingerprint(models.Model):
 
     def __str__(self) -> str:
         return f"fingerprint of {self.job_id}@{self.step}"
+
+
+class JobTemplate(models.Model):
+    """A job's settings kept under a name, to submit again: private to its owner or
+    shared with everyone. ``settings`` holds the body of a submit request (as
+    ``POST /api/v1/jobs/submit/`` takes it) without the cluster, which is ``cluster``."""
+
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="job_templates"
+    )
+    name = models.CharField(max_length=128)
+    description = models.CharField(max_length=512, blank=True)
+    shared = models.BooleanField(default=False, help_text="Everyone may see and use it.")
+    # None: the cluster was removed; the template is kept and says so.
+    cluster = models.ForeignKey(
+        Cluster, null=True, blank=True, on_delete=models.SET_NULL, related_name="job_templates"
+    )
+    settings = models.JSONField(default=dict)
+    source_job = models.ForeignKey(
+        Job, null=True, blank=True, on_delete=models.SET_NULL, related_name="templates"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name", "id"]
+        constraints = [
+            models.UniqueConstraint(fields=["owner", "name"], name="jobtemplate_unique_owner_name")
+        ]
+        indexes = [models.Index(fields=["shared", "name"], name="jobtemplate_shared_name")]
+
+    def __str__(self) -> str:
+        return self.name

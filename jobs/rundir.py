@@ -1,6 +1,7 @@
-"""The watcher's look into run directories: one remote command lists every watched run
-directory (metrics size, acceptance, checkpoint manifests); then only new bytes are read
-over SFTP (by offset) and handed to ``jobs.ingest``.
+"""The watcher's look into run directories: one remote command per account lists every
+watched run directory of that account (metrics size, acceptance, checkpoint manifests; a
+run directory is readable by its own account only); then only new bytes are read over
+SFTP (by offset) and handed to ``jobs.ingest``.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from django.utils import timezone
 from jobs.ingest import checkpoint_register, metrics_ingest
 from jobs.models import Checkpoint, Job
 from jobs.runtime import run_dir
+from nodes.cluster_access import transport_as
 from nodes.models import Cluster
 from nodes.slurm import errors as slurm_errors
 
@@ -72,7 +74,7 @@ def scan_run_dirs(transport: Any, directories: list[str]) -> dict[str, RunFiles]
 def _read_run_files(
     job: Job, files: RunFiles, transport: Any, result: RunFilesResult, known_steps: set[str]
 ) -> None:
-    directory = run_dir(job.cluster.workdir, str(job.id))
+    directory = run_dir(job.cluster.workdir, str(job.id), job.run_as)
     if files.metrics_size is not None and files.metrics_size > job.metrics_offset:
         wanted = files.metrics_size - job.metrics_offset
         offset = job.metrics_offset
@@ -128,14 +130,30 @@ def jobs_to_read(cluster: Cluster) -> list[Job]:
     )
 
 
-def run_files_read(*, cluster: Cluster, jobs: list[Job], transport: Any) -> RunFilesResult:
-    """Read what is new in the run directories of ``jobs``: one listing command, then SFTP
-    reads of new metric bytes, the acceptance manifest and new checkpoint manifests. A job
-    that has ended is marked ``files_final`` after this read: nothing more will appear."""
+def run_files_read(*, cluster: Cluster, jobs: list[Job]) -> RunFilesResult:
+    """Read what is new in the run directories of ``jobs``, as each job's account: per
+    account one listing command, then SFTP reads of new metric bytes, the acceptance
+    manifest and new checkpoint manifests. A job that has ended is marked ``files_final``
+    after this read: nothing more will appear. An account Gantry cannot log in as is an
+    error of its jobs only; the other accounts' jobs are read."""
     result = RunFilesResult()
-    if not jobs:
-        return result
-    directories = [run_dir(cluster.workdir, str(job.id)) for job in jobs]
+    by_account: dict[str, list[Job]] = {}
+    for job in jobs:
+        by_account.setdefault(job.run_as, []).append(job)
+    for account, group in by_account.items():
+        try:
+            transport = transport_as(cluster, account)
+            _read_group(cluster, group, transport, result)
+        except slurm_errors.SlurmError as error:
+            if not account:
+                raise
+            logger.warning("run directories of %s on %s: %s", account, cluster.name, error)
+            result.errors.append(f"run directories of {account}: {error}")
+    return result
+
+
+def _read_group(cluster: Cluster, jobs: list[Job], transport: Any, result: RunFilesResult) -> None:
+    directories = [run_dir(cluster.workdir, str(job.id), job.run_as) for job in jobs]
     scanned = scan_run_dirs(transport, directories)
     known: dict[Any, set[str]] = {job.id: set() for job in jobs}
     for job_id, step in Checkpoint.objects.filter(job__in=jobs).values_list("job_id", "step"):
@@ -156,4 +174,3 @@ def run_files_read(*, cluster: Cluster, jobs: list[Job], transport: Any) -> RunF
             continue
         if job.is_final:
             Job.objects.filter(id=job.id).update(files_final=True)
-    return result

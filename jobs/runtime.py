@@ -1,7 +1,7 @@
 """What a job looks like on the cluster: run directory, the shipped trainer, the sbatch script.
 
-Pure functions plus one uploader; no Django models are imported here, so the script a
-preview shows is byte for byte the script that runs.
+Pure functions plus the uploader and the per-account area set-up; no Django models are
+imported here, so the script a preview shows is byte for byte the script that runs.
 """
 
 from __future__ import annotations
@@ -14,16 +14,32 @@ from pathlib import Path
 from typing import Protocol
 
 import trainer
+from nodes.slurm.errors import SftpError
 
 TRAINER_SOURCE = Path(trainer.__file__).resolve().parent
 
 
-def run_dir(workdir: str, job_id: str) -> str:
+# A cluster account, as it appears in paths (the same rule as a certificate principal).
+ACCOUNT_NAME = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
+
+
+def user_area(workdir: str, account: str) -> str:
+    """A cluster account's own area under the work directory (0700, owned by it)."""
+    if not ACCOUNT_NAME.fullmatch(account):
+        raise ValueError(f"invalid cluster account {account!r}")
+    return f"{workdir.rstrip('/')}/users/{account}"
+
+
+def run_dir(workdir: str, job_id: str, account: str = "") -> str:
+    """Where a job's files live: ``<workdir>/users/<account>/runs/<id>`` for a job that runs
+    as ``account``; ``<workdir>/runs/<id>`` for one that runs as the service account."""
+    if account:
+        return f"{user_area(workdir, account)}/runs/{job_id}"
     return f"{workdir.rstrip('/')}/runs/{job_id}"
 
 
-def drill_dir(workdir: str, job_id: str, drill_id: str) -> str:
-    return f"{run_dir(workdir, job_id)}/drills/{drill_id}"
+def drill_dir(workdir: str, job_id: str, drill_id: str, account: str = "") -> str:
+    return f"{run_dir(workdir, job_id, account)}/drills/{drill_id}"
 
 
 def trainer_dir(workdir: str, digest: str) -> str:
@@ -53,7 +69,16 @@ class ScriptSpec:
     trainer_args: tuple[str, ...]
     output_name: str = "slurm-%j.out"
     environment: tuple[tuple[str, str], ...] = ()
+    # Each rank also writes its own output to ``rank-<slurm id>-<rank>.out`` in the run
+    # directory (the Slurm output file still gets every rank's lines, as before).
+    rank_output: bool = False
 
+
+# Run by bash in each task: the command ("$@") with its output copied, as it comes, to the
+# rank's file in the run directory ("$0"); pipefail keeps the command's exit status.
+RANK_OUTPUT_PROGRAM = (
+    'set -o pipefail; "$@" 2>&1 | tee -a "$0/rank-$SLURM_JOB_ID-$SLURM_PROCID.out"'
+)
 
 # Environment names the script exports; anything else never reaches a shell.
 ENV_NAME = re.compile(r"[A-Z_][A-Z0-9_]{0,63}")
@@ -126,7 +151,15 @@ def render_sbatch(spec: ScriptSpec) -> str:
         'case "$MASTER_ADDR" in 127.*|localhost) export GLOO_SOCKET_IFNAME=lo ;; esac',
         'echo "gantry: job $SLURM_JOB_ID on $SLURM_JOB_NODELIST, master $MASTER_ADDR:$MASTER_PORT"',
         "# If one rank fails, end the others at once instead of leaving them waiting.",
-        f"srun --export=ALL --kill-on-bad-exit=1 {trainer_command}",
+        *(
+            [
+                "# Each rank's output also goes to its own file (the rank's exit status stays).",
+                f"srun --export=ALL --kill-on-bad-exit=1 bash -c {quote(RANK_OUTPUT_PROGRAM)} "
+                f"{quote(spec.run_dir)} {trainer_command}",
+            ]
+            if spec.rank_output
+            else [f"srun --export=ALL --kill-on-bad-exit=1 {trainer_command}"]
+        ),
         "",
     ]
     return "\n".join(lines)
@@ -140,6 +173,60 @@ class FileTransport(Protocol):
 
 _uploaded: set[tuple[int, str]] = set()
 _upload_lock = threading.Lock()
+
+
+class UserAreaError(Exception):
+    """A cluster account's area cannot be used (not its own, not a directory, cannot be
+    made): the message says what the cluster's admin can do."""
+
+
+class AreaTransport(FileTransport, Protocol):
+    def lstat(self, path: str) -> StatLike | None: ...
+    def chmod(self, path: str, mode: int) -> None: ...
+
+
+class StatLike(Protocol):
+    @property
+    def is_dir(self) -> bool: ...
+    @property
+    def is_link(self) -> bool: ...
+
+
+_areas_ready: set[tuple[int, str]] = set()
+
+
+def user_area_ensure(shared: AreaTransport, own: AreaTransport, workdir: str, account: str) -> str:
+    """Make sure ``account``'s area exists, is a real directory, is its own and is 0700.
+
+    ``shared``: the service account (it owns the work directory and makes ``users/``
+    world-writable with the sticky bit, like /tmp, so each account can make its own entry
+    and remove no one else's); ``own``: the account itself. Owning the area is proven by
+    setting its mode, which only the owner may: an area another account made in its name
+    is refused. Once per process and account; returns the area."""
+    area = user_area(workdir, account)
+    key = (id(own), area)
+    if key in _areas_ready:
+        return area
+    users = area.rsplit("/", 1)[0]
+    try:
+        found = own.lstat(area)
+        if found is None:
+            if shared.lstat(users) is None:
+                shared.makedirs(users)
+                shared.chmod(users, 0o1777)
+            own.makedirs(area, mode=0o700)
+            found = own.lstat(area)
+        if found is None or found.is_link or not found.is_dir:
+            raise UserAreaError(f"{area} is not a directory of {account}'s own")
+        own.chmod(area, 0o700)
+    except SftpError as error:
+        # Permanent (permission denied, not a directory); a dropped link is not caught.
+        raise UserAreaError(
+            f"cannot set up {area} as {account} ({error}); the cluster's admin can create it "
+            f"owned by {account} with mode 0700, or make {users} mode 1777"
+        ) from error
+    _areas_ready.add(key)
+    return area
 
 
 def trainer_files() -> list[tuple[str, bytes]]:

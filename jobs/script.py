@@ -12,7 +12,7 @@ from jobs.runtime import ScriptSpec, render_sbatch, run_dir, trainer_dir
 
 
 def job_script_spec(job: Job, *, trainer_path: str, resume_path: str | None) -> ScriptSpec:
-    directory = run_dir(job.cluster.workdir, str(job.id))
+    directory = run_dir(job.cluster.workdir, str(job.id), job.run_as)
     args = ["train", "--config", f"{directory}/config.json", "--run-dir", directory]
     if resume_path:
         args += ["--resume", resume_path]
@@ -34,6 +34,7 @@ def job_script_spec(job: Job, *, trainer_path: str, resume_path: str | None) -> 
         switches=job.switches_requested,
         trainer_args=tuple(args),
         environment=tuple(sorted((job.environment or {}).items())),
+        rank_output=True,
     )
 
 

@@ -1,5 +1,6 @@
-"""Reads for jobs: who may see which job, the job list, metric series, checkpoints,
-goodput, the jobs on a node, a pending job's place in the queue."""
+"""Reads for jobs: who may see which job, the job list, metric series, checkpoints, the
+jobs on a node, a pending job's place in the queue. Goodput reads are in
+``jobs.goodput_selectors`` (``job_goodput`` is re-exported here)."""
 
 from __future__ import annotations
 
@@ -11,25 +12,16 @@ from uuid import UUID
 
 from django.core.cache import cache
 from django.core.exceptions import ValidationError
-from django.db import connection
 from django.db.models import (
     Avg,
-    BooleanField,
-    Case,
     Count,
-    DurationField,
     ExpressionWrapper,
     F,
     IntegerField,
     Max,
     Min,
-    OuterRef,
     Q,
     QuerySet,
-    Subquery,
-    Sum,
-    Value,
-    When,
 )
 from django.db.models.functions import Coalesce
 from django.http import Http404
@@ -37,11 +29,10 @@ from django.utils import timezone
 
 from core.errors import FieldError
 from core.roles import is_operator
-from jobs import goodput
+from jobs.goodput_selectors import job_goodput as job_goodput
 from jobs.models import Checkpoint, Job, MetricPoint
 from nodes.models import Node
 from nodes.slurm.hostlist import expand
-from trainer.config import DEFAULTS as TRAINER_DEFAULTS
 
 
 def job_list_for_user(*, user: Any) -> QuerySet[Job]:
@@ -189,251 +180,6 @@ def checkpoint_get_for_user(*, user: Any, checkpoint_id: int) -> Checkpoint:
         return checkpoints.get(pk=checkpoint_id)
     except (Checkpoint.DoesNotExist, ValueError, TypeError):
         raise Http404("No such checkpoint.") from None
-
-
-def _lineage_job_ids(*, job: Job) -> list[UUID]:
-    """The ids of the job's lineage: its root (followed up through the checkpoint each job
-    resumed from, else its parent) and every job resumed from that root, transitively.
-    One recursive query, however deep the lineage. Going down it follows ``parent`` alone,
-    which ``job_resume`` always sets to the resumed checkpoint's job: an indexed join."""
-    quote = connection.ops.quote_name
-    jobs, checkpoints = quote(Job._meta.db_table), quote(Checkpoint._meta.db_table)
-    source = f"COALESCE(c.{quote('job_id')}, j.{quote('parent_id')})"
-    with_source = (
-        f"{jobs} j LEFT JOIN {checkpoints} c ON c.{quote('id')} = j.{quote('resume_from_id')}"
-    )
-    # Depth bounds guard against a cycle someone made by hand in the admin.
-    sql = f"""
-        WITH RECURSIVE up(id, source, depth) AS (
-            SELECT j.{quote("id")}, {source}, 0 FROM {with_source} WHERE j.{quote("id")} = %s
-            UNION ALL
-            SELECT j.{quote("id")}, {source}, up.depth + 1 FROM {with_source}
-            JOIN up ON j.{quote("id")} = up.source WHERE up.depth < 10000
-        ),
-        root(id) AS (SELECT id FROM up ORDER BY depth DESC LIMIT 1),
-        down(id, depth) AS (
-            SELECT id, 0 FROM root
-            UNION ALL
-            SELECT j.{quote("id")}, down.depth + 1 FROM {jobs} j
-            JOIN down ON j.{quote("parent_id")} = down.id WHERE down.depth < 10000
-        )
-        SELECT DISTINCT id FROM down
-    """  # noqa: S608 - table and column names only; the job id is a parameter
-    job_key = Job._meta.pk.get_db_prep_value(job.id, connection)  # type: ignore[union-attr]
-    with connection.cursor() as cursor:
-        cursor.execute(sql, [job_key])
-        ids = [UUID(str(row[0])) for row in cursor.fetchall()]
-    return ids or [job.id]
-
-
-def _step_totals_by_job(
-    ranges: dict[str, goodput.StepRanges],
-) -> dict[str, dict[bool, goodput.StepTotals]]:
-    """Each lineage job's step sums, preserved (False) and lost (True), summed in the
-    database: one query whatever the number of metric points."""
-    lost_when = [
-        When(Q(job_id=job_id, step__gt=ranges[job_id].cutoff), then=Value(True))
-        for job_id in ranges
-        if ranges[job_id].cutoff is not None
-    ]
-    lost: Any = (
-        Case(*lost_when, default=Value(False), output_field=BooleanField())
-        if lost_when
-        else Value(False, output_field=BooleanField())
-    )
-    rows = (
-        MetricPoint.objects.filter(job_id__in=list(ranges))
-        .annotate(lost=lost)
-        .values("job_id", "lost")
-        .annotate(
-            points=Count("id"),
-            last=Max("step"),
-            step_time=Sum("step_time_s"),
-            data_time=Sum("data_time_s"),
-            blocking=Sum("checkpoint_blocking_s"),
-        )
-        .order_by()
-    )
-    totals: dict[str, dict[bool, goodput.StepTotals]] = {}
-    for row in rows:
-        job_id, is_lost = str(row["job_id"]), bool(row["lost"])
-        steps_range = ranges[job_id]
-        after = (
-            steps_range.cutoff if is_lost and steps_range.cutoff is not None else steps_range.start
-        )
-        totals.setdefault(job_id, {})[is_lost] = goodput.StepTotals(
-            points=row["points"],
-            steps=max(0, row["last"] - after),
-            step_time_s=row["step_time"] or 0.0,
-            data_time_s=row["data_time"] or 0.0,
-            checkpoint_blocking_s=row["blocking"] or 0.0,
-        )
-    return totals
-
-
-def _failure_history(*, cluster_id: int) -> goodput.FailureHistory:
-    """Interruptions and GPU-hours of the cluster's ended jobs: one query, grouped by job
-    shape (few groups), the runtimes summed in the database."""
-    interrupted = [Job.State.FAILED, Job.State.LOST, Job.State.NODE_FAIL]
-    rows = (
-        Job.objects.filter(
-            cluster_id=cluster_id,
-            state__in=Job.FINAL_STATES,
-            started_at__isnull=False,
-            ended_at__isnull=False,
-        )
-        .values("nodes", "gpus_per_node", "tasks_per_node")
-        .annotate(
-            runtime=Sum(F("ended_at") - F("started_at"), output_field=DurationField()),
-            interruptions=Count("id", filter=Q(state__in=interrupted)),
-        )
-        .order_by()
-    )
-    interruptions, gpu_hours = 0, 0.0
-    for row in rows:
-        gpus = goodput.job_gpus(
-            nodes=row["nodes"],
-            gpus_per_node=row["gpus_per_node"],
-            tasks_per_node=row["tasks_per_node"],
-        )
-        runtime = row["runtime"]
-        seconds = runtime.total_seconds() if isinstance(runtime, timedelta) else 0.0
-        gpu_hours += gpus * max(0.0, seconds) / 3600.0
-        interruptions += row["interruptions"]
-    return goodput.FailureHistory(interruptions=interruptions, gpu_hours=gpu_hours)
-
-
-def _median_checkpoint_blocking(points: QuerySet[MetricPoint]) -> float | None:
-    """The median blocking seconds of the steps that saved a checkpoint: two queries (a
-    count, then the middle one or two values), never the whole column."""
-    blocking = points.filter(checkpoint_blocking_s__gt=0)
-    count = blocking.count()
-    if not count:
-        return None
-    middle = list(
-        blocking.order_by("checkpoint_blocking_s").values_list("checkpoint_blocking_s", flat=True)[
-            (count - 1) // 2 : count // 2 + 1
-        ]
-    )
-    return goodput.median([float(value) for value in middle if value is not None])
-
-
-def job_goodput(*, job: Job, now: datetime | None = None) -> dict[str, Any]:
-    """The goodput ledger of the job and of its lineage, and checkpoint-interval advice
-    (formulas in ``jobs.goodput``). A fixed number of queries: the metric points are
-    summed in the database, never loaded."""
-    now = now or timezone.now()
-    lineage_ids = _lineage_job_ids(job=job)
-    first_point = MetricPoint.objects.filter(job=OuterRef("pk")).order_by("step")
-    lineage_jobs = list(
-        Job.objects.filter(id__in=lineage_ids)
-        .only("id", "created_at", "submitted_at", "started_at", "ended_at", "parent_id")
-        .annotate(
-            resume_step=F("resume_from__step"),
-            resume_source=F("resume_from__job_id"),
-            first_wall=Subquery(first_point.values("wall_time")[:1]),
-            first_elapsed=Subquery(first_point.values("elapsed_s")[:1]),
-        )
-        .order_by("created_at", "id")
-    )
-    links = []
-    for lineage_job in lineage_jobs:
-        source = lineage_job.resume_source or lineage_job.parent_id  # type: ignore[attr-defined]
-        links.append(
-            goodput.LineageLink(
-                job_id=str(lineage_job.id),
-                created_at=lineage_job.created_at,
-                source_id=str(source) if source else None,
-                resume_step=lineage_job.resume_step,  # type: ignore[attr-defined]
-            )
-        )
-    ranges = goodput.lineage_step_ranges(links)
-    totals = _step_totals_by_job(ranges)
-    times = []
-    for lineage_job, link in zip(lineage_jobs, links, strict=True):
-        loop_started_at = None
-        first_wall = lineage_job.first_wall  # type: ignore[attr-defined]
-        if first_wall is not None:
-            elapsed = lineage_job.first_elapsed or 0.0  # type: ignore[attr-defined]
-            loop_started_at = first_wall - timedelta(seconds=max(0.0, elapsed))
-        job_totals = totals.get(link.job_id, {})
-        times.append(
-            goodput.JobTimes(
-                job_id=link.job_id,
-                submitted_at=lineage_job.submitted_at,
-                started_at=lineage_job.started_at,
-                ended_at=lineage_job.ended_at,
-                loop_started_at=loop_started_at,
-                resumed=link.resume_step is not None,
-                preserved=job_totals.get(False, goodput.StepTotals()),
-                lost=job_totals.get(True, goodput.StepTotals()),
-                source_id=link.source_id,
-            )
-        )
-    lineage, per_job = goodput.lineage_ledgers(times, now=now)
-    this_job = per_job.get(str(job.id), lineage)
-    return {
-        **lineage.as_dict(),
-        "lineage": [link.job_id for link in links],
-        "started": job.started_at is not None,
-        "job": this_job.as_dict(),
-        "advice": _job_checkpoint_advice(
-            job=job,
-            lineage_ids=lineage_ids,
-            totals=totals.get(str(job.id), {}),
-            per_job=per_job,
-            start_step=ranges[str(job.id)].start if str(job.id) in ranges else 0,
-            resumed_ids={link.job_id for link in links if link.resume_step is not None},
-        ).as_dict(),
-    }
-
-
-def _job_checkpoint_advice(
-    *,
-    job: Job,
-    lineage_ids: list[UUID],
-    totals: dict[bool, goodput.StepTotals],
-    per_job: dict[str, goodput.Ledger],
-    start_step: int,
-    resumed_ids: set[str],
-) -> goodput.Advice:
-    cost = _median_checkpoint_blocking(MetricPoint.objects.filter(job=job))
-    if cost is None:
-        # A resumed job that has not saved yet: its lineage saves alike.
-        cost = _median_checkpoint_blocking(MetricPoint.objects.filter(job_id__in=lineage_ids))
-    points = sum(part.points for part in totals.values())
-    step_time = sum(part.step_time_s for part in totals.values()) / points if points else None
-    configured = (job.config or {}).get("checkpoint_every", TRAINER_DEFAULTS["checkpoint_every"])
-    interval_steps = goodput.checkpoint_interval_steps(
-        Checkpoint.objects.filter(job=job).order_by().values_list("step", flat=True),
-        start_step=start_step,
-        configured=configured if isinstance(configured, int) else None,
-    )
-    drilled = Checkpoint.objects.filter(
-        job_id__in=lineage_ids, drills__load_s__isnull=False
-    ).aggregate(load_s=Avg("drills__load_s"))["load_s"]
-    restore_s, restore_source = None, "none"
-    if drilled is not None:
-        restore_s, restore_source = float(drilled), "drills"
-    else:
-        restores = [
-            per_job[job_id].buckets["restore"]
-            for job_id in resumed_ids
-            if job_id in per_job and per_job[job_id].buckets["restore"] > 0
-        ]
-        if restores:
-            restore_s, restore_source = sum(restores) / len(restores), "resume"
-    return goodput.checkpoint_advice(
-        checkpoint_cost_s=cost,
-        history=_failure_history(cluster_id=job.cluster_id),
-        gpus=goodput.job_gpus(
-            nodes=job.nodes, gpus_per_node=job.gpus_per_node, tasks_per_node=job.tasks_per_node
-        ),
-        step_time_s=step_time,
-        interval_steps=interval_steps,
-        restore_s=restore_s,
-        restore_source=restore_source,
-    )
 
 
 # A job occupies its nodes in these states; the node page lists them as running there.

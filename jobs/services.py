@@ -23,16 +23,23 @@ from jobs.models import Checkpoint, Job
 from jobs.runtime import run_dir
 from jobs.script import job_script
 from jobs.validation import JobRequest, job_request_validate, validate_environment
-from nodes.cluster_access import transport_for
+from nodes.cluster_access import transport_as
+from nodes.identities import cluster_account_for
 from nodes.slurm import errors as slurm_errors
 
 
 def _job_from_request(
-    request: JobRequest, *, owner: Any, config: dict[str, Any], job_id: uuid.UUID | None
+    request: JobRequest,
+    *,
+    owner: Any,
+    config: dict[str, Any],
+    job_id: uuid.UUID | None,
+    run_as: str,
 ) -> Job:
     return Job(
         id=job_id or uuid.uuid4(),
         owner=owner,
+        run_as=run_as,
         cluster=request.cluster,
         name=request.name.strip(),
         config=config,
@@ -61,8 +68,9 @@ def job_preview(
 ) -> tuple[Job, str]:
     """Validate and render the sbatch script without saving anything."""
     _require_submitter(user)
+    run_as = cluster_account_for(cluster=request.cluster, user=user)
     config = job_request_validate(request)
-    job = _job_from_request(request, owner=user, config=config, job_id=job_id)
+    job = _job_from_request(request, owner=user, config=config, job_id=job_id, run_as=run_as)
     return job, job_script(job)
 
 
@@ -73,13 +81,22 @@ def job_submit(
     job_id: uuid.UUID | None = None,
     parent: Job | None = None,
     resume_from: Checkpoint | None = None,
+    run_as: str | None = None,
+    origin: dict[str, Any] | None = None,
 ) -> Job:
-    """Validate, save the job as ``queued`` and hand it to the submit task after commit."""
+    """Validate, save the job as ``queued`` and hand it to the submit task after commit.
+    ``origin`` goes into the audit event (the template or job it was made from).
+
+    It runs as the submitter's account on the cluster (``run_as`` None; a 400 on the
+    ``cluster`` field, naming the fix, when they have none there), or as ``run_as`` (a
+    resume runs as the account of the checkpoint it continues)."""
     _require_submitter(user)
+    if run_as is None:
+        run_as = cluster_account_for(cluster=request.cluster, user=user)
     config = job_request_validate(request)
     if job_id is not None and Job.objects.filter(id=job_id).exists():
         raise FieldError("id", "a job with this id exists already")
-    job = _job_from_request(request, owner=user, config=config, job_id=job_id)
+    job = _job_from_request(request, owner=user, config=config, job_id=job_id, run_as=run_as)
     job.parent = parent
     job.resume_from = resume_from
     with transaction.atomic():
@@ -89,7 +106,12 @@ def job_submit(
             actor=user,
             action=AuditAction.JOB_RESUME if resume_from else AuditAction.JOB_SUBMIT,
             target=job,
-            details={"cluster": job.cluster.name, "partition": job.partition},
+            details={
+                "cluster": job.cluster.name,
+                "partition": job.partition,
+                "run_as": job.run_as or job.cluster.ssh_user,
+                **(origin or {}),
+            },
         )
         job_id_value = str(job.id)
         transaction.on_commit(lambda: JOBS.enqueue_submit(job_id_value))
@@ -202,16 +224,40 @@ def job_resume(
         environment=dict(parent.environment or {}) if environment is None else environment,
         **values,
     )
-    return job_submit(user=actor, request=request, parent=parent, resume_from=checkpoint)
+    return job_submit(
+        user=actor,
+        request=request,
+        parent=parent,
+        resume_from=checkpoint,
+        run_as=_resume_account(parent),
+    )
+
+
+def _resume_account(parent: Job) -> str:
+    """The account a resume of ``parent`` runs as, whoever asks: the one whose area holds
+    the checkpoint, as long as it is still its owner's (a resume by an operator runs as the
+    researcher, audited as the operator's). A job from before per-user identities resumes
+    as its owner's current account (it can read the old, world-readable run directory)."""
+    cluster = parent.cluster
+    current = cluster_account_for(cluster=cluster, user=parent.owner)
+    if parent.run_as and current != parent.run_as:
+        raise FieldError(
+            "checkpoint",
+            f"the job ran as {parent.run_as}, which is no longer {parent.owner}'s account on "
+            f"{cluster.name} ({current or 'the service account'} is); an operator maps "
+            f"{parent.owner} back to {parent.run_as} to resume it",
+        )
+    return current
 
 
 def job_log_tail(*, job: Job, max_bytes: int = 64 * 1024) -> dict[str, Any]:
     """The end of the job's Slurm output file, read over SFTP on demand."""
     if not job.slurm_job_id:
         return {"text": "", "size": 0, "truncated": False, "path": None}
-    path = f"{run_dir(job.cluster.workdir, str(job.id))}/slurm-{job.slurm_job_id}.out"
-    transport = transport_for(job.cluster)
+    path = f"{run_dir(job.cluster.workdir, str(job.id), job.run_as)}/slurm-{job.slurm_job_id}.out"
     try:
+        # As the job's account: its run directory is readable by it alone.
+        transport = transport_as(job.cluster, job.run_as)
         stat = transport.stat(path)
         if stat is None:
             return {"text": "", "size": 0, "truncated": False, "path": path}

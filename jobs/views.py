@@ -6,7 +6,6 @@ from typing import Any
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import render
 from django.urls import reverse
@@ -15,19 +14,16 @@ from django.views.decorators.http import require_POST
 from core.access import can_act
 from core.errors import ApplicationError, FieldError
 from core.roles import is_operator, is_researcher
-from jobs.forms import JobForm
 from jobs.goodput import format_duration
 from jobs.models import Checkpoint, Job
-from jobs.pending import pending_reason
+from jobs.pending_queue import job_pending_summary
 from jobs.placement import (
     job_placement_check,
-    job_request_with_advice,
-    placement_advice_for_request,
 )
 from jobs.script import job_script
-from jobs.selectors import job_get_for_user, job_goodput, job_list, job_queue_position
-from jobs.services import job_cancel, job_preview, job_resume, job_submit
-from jobs.validation import JobRequest
+from jobs.selectors import job_get_for_user, job_goodput, job_list
+from jobs.services import job_cancel, job_resume
+from jobs.work_at_risk import job_work_at_risk
 from nodes.models import Node
 
 
@@ -68,58 +64,6 @@ def job_list_page(request: HttpRequest) -> HttpResponse:
     )
 
 
-def _form_request(form: JobForm) -> JobRequest:
-    data = form.cleaned_data
-    cluster = data["cluster"]
-    return JobRequest(
-        cluster=cluster,
-        name=data["name"],
-        config=form.trainer_config(),
-        partition=data.get("partition") or cluster.default_partition,
-        nodes=data["nodes"],
-        gpus_per_node=data["gpus_per_node"],
-        gpu_type=data.get("gpu_type") or "",
-        tasks_per_node=data.get("tasks_per_node") or max(1, data["gpus_per_node"]),
-        cpus_per_task=data["cpus_per_task"],
-        memory_mb=data.get("memory_mb"),
-        time_limit_minutes=data["time_limit_minutes"],
-        nodelist=(data.get("nodelist") or "").strip(),
-        switches=(data.get("switches") or "").strip(),
-    )
-
-
-@login_required
-def job_new_page(request: HttpRequest) -> HttpResponse:
-    if not is_researcher(request.user):
-        raise PermissionDenied
-    script = None
-    advice = None
-    form = JobForm(request.POST or None)
-    if request.method == "POST" and form.is_valid():
-        job_id = form.cleaned_data.get("job_id") or uuid.uuid4()
-        try:
-            job_request = _form_request(form)
-            if form.cleaned_data.get("use_placement_advice"):
-                job_request, advice = job_request_with_advice(job_request)
-            if request.POST.get("action") == "preview":
-                _, script = job_preview(user=request.user, request=job_request, job_id=job_id)
-                if advice is None:
-                    advice = placement_advice_for_request(job_request)
-                data = request.POST.copy()
-                data["job_id"] = str(job_id)
-                form = JobForm(data)
-                form.is_valid()
-            else:
-                job = job_submit(user=request.user, request=job_request, job_id=job_id)
-                messages.success(
-                    request, f"Job {job.name} is queued; Gantry is submitting it to Slurm."
-                )
-                return HttpResponseRedirect(reverse("job-detail", args=[job.id]))
-        except FieldError as error:
-            form.attach_error(error.field, error.why)
-    return render(request, "jobs/job_new.html", {"form": form, "script": script, "advice": advice})
-
-
 def _switches_spanned(job: Job) -> list[str]:
     names = job.allocated_node_names
     if not names:
@@ -133,10 +77,8 @@ def _switches_spanned(job: Job) -> list[str]:
 
 
 def _pending_display(job: Job) -> dict[str, Any] | None:
-    """Why a pending job waits, in words, and its place in Gantry's view of the queue."""
-    if job.state != Job.State.PENDING:
-        return None
-    return {**pending_reason(job.state_reason), "queue": job_queue_position(job=job)}
+    """Why a pending job waits, when Slurm expects it to start, its place in the queue."""
+    return job_pending_summary(job=job)
 
 
 def _job_page_context(request: HttpRequest, job: Job, *, live_only: bool) -> dict[str, Any]:
@@ -150,6 +92,7 @@ def _job_page_context(request: HttpRequest, job: Job, *, live_only: bool) -> dic
         "switches": _switches_spanned(job),
         "placement_check": job_placement_check(job),
         "pending": _pending_display(job),
+        "can_submit": is_researcher(request.user),
     }
     if live_only:
         return context
@@ -161,6 +104,7 @@ def _job_page_context(request: HttpRequest, job: Job, *, live_only: bool) -> dic
         config_json=json.dumps(job.config, indent=2, sort_keys=True),
         script=job_script(job),
         goodput=_goodput_display(job_goodput(job=job)),
+        work_at_risk=job_work_at_risk(job=job),
     )
     return context
 

@@ -10,6 +10,7 @@ from django.http import HttpRequest
 
 from core.admin_helpers import ServiceDeleteMixin, admin_changelist_link, admin_link
 from core.errors import ApplicationError
+from nodes.identity_admin import ClusterIdentityActions, ClusterIdentityAdmin
 from nodes.models import Cluster, Gpu, Link, Node, NodeEvent, Partition, Switch
 from nodes.registration import cluster_register
 from nodes.services import (
@@ -19,6 +20,9 @@ from nodes.services import (
     node_drain,
     node_resume,
 )
+
+# ClusterIdentityAdmin registers itself on import (nodes.identity_admin).
+__all__ = ["ClusterAdmin", "ClusterIdentityAdmin"]
 
 # What Slurm owns: shown, never edited by hand (the next sync would undo it anyway).
 NODE_SLURM_FIELDS = (
@@ -93,12 +97,15 @@ class ClusterRegisterForm(forms.ModelForm):
             "workdir",
             "python",
             "default_partition",
+            "user_auth",
         ]
 
     def __init__(self, *args: Any, request: HttpRequest | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.request = request
         self.registration: Any = None
+        # Left out: the default (certificates) for a new cluster.
+        self.fields["user_auth"].required = False
 
     def _post_clean(self) -> None:
         # cluster_register validated and saved the row in clean(); the model's own
@@ -124,6 +131,7 @@ class ClusterRegisterForm(forms.ModelForm):
                 expected_fingerprint=data.get("expected_fingerprint") or None,
                 is_default=data.get("is_default", False),
                 trust_on_first_use=bool(data.get("trust_on_first_use")),
+                user_auth=data.get("user_auth") or None,
             )
         except ApplicationError as error:
             field = getattr(error, "field", None)
@@ -137,7 +145,7 @@ class ClusterRegisterForm(forms.ModelForm):
 
 
 @admin.register(Cluster)
-class ClusterAdmin(ServiceDeleteMixin, admin.ModelAdmin):
+class ClusterAdmin(ClusterIdentityActions, ServiceDeleteMixin, admin.ModelAdmin):
     """Registering connects (pins the host key, probes Slurm); changes and deletions go
     through the services, validated and audited."""
 
@@ -171,6 +179,9 @@ class ClusterAdmin(ServiceDeleteMixin, admin.ModelAdmin):
         "created_at",
         "updated_at",
         "nodes_link",
+        "user_auth",
+        "user_ca",
+        "identities_link",
     ]
     fieldsets = [
         (None, {"fields": ["name", "description", "is_default"]}),
@@ -183,6 +194,11 @@ class ClusterAdmin(ServiceDeleteMixin, admin.ModelAdmin):
             {"fields": ["host_key_type", "host_key_fingerprint", "host_key_line"]},
         ),
         ("On the cluster", {"fields": ["workdir", "python", "default_partition"]}),
+        (
+            "Jobs run as the researcher",
+            {"fields": ["user_auth", "user_ca", "identities_link"]},
+        ),
+        ("Work at risk", {"fields": ["proven_checkpoint_max_age_minutes"]}),
         (
             "Slurm (from the last probe and sync)",
             {
@@ -202,7 +218,14 @@ class ClusterAdmin(ServiceDeleteMixin, admin.ModelAdmin):
         ),
     ]
     inlines = [PartitionInline]
-    actions = ["sync_now", "make_default"]
+    actions = [
+        "sync_now",
+        "make_default",
+        "create_user_ca",
+        "use_certificates",
+        "use_user_keys",
+        "use_service_account",
+    ]
 
     def get_form(
         self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any
@@ -235,6 +258,7 @@ class ClusterAdmin(ServiceDeleteMixin, admin.ModelAdmin):
                     },
                 ),
                 ("On the cluster", {"fields": ["workdir", "python", "default_partition"]}),
+                ("Jobs run as the researcher", {"fields": ["user_auth"]}),
             ]
         return super().get_fieldsets(request, obj)
 

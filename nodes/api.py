@@ -16,10 +16,11 @@ from rest_framework.views import APIView
 
 from core.api import CursorPagination
 from core.permissions import IsOperator, IsResearcherOrOperator
+from nodes.identities import sshd_config_line
 from nodes.models import Cluster, Gpu, Node, Partition
 from nodes.registration import cluster_probe, cluster_register
 from nodes.selectors import cluster_list, node_list, switch_tree
-from nodes.services import cluster_sync_request, node_drain, node_resume
+from nodes.services import cluster_sync_request, cluster_update, node_drain, node_resume
 
 _HOST_NAME = re.compile(
     r"(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
@@ -44,6 +45,9 @@ class PartitionSerializer(serializers.ModelSerializer):
 
 class ClusterSerializer(serializers.ModelSerializer):
     partitions = PartitionSerializer(many=True, read_only=True)
+    # The login node's admin adds this line (and the public key, in that file) to trust
+    # Gantry's short-lived user certificates.
+    user_ca_sshd_config_line = serializers.SerializerMethodField()
 
     class Meta:
         model = Cluster
@@ -60,6 +64,7 @@ class ClusterSerializer(serializers.ModelSerializer):
             "workdir",
             "python",
             "default_partition",
+            "proven_checkpoint_max_age_minutes",
             "slurm_version",
             "slurm_cluster_name",
             "accounting_available",
@@ -74,8 +79,14 @@ class ClusterSerializer(serializers.ModelSerializer):
             "last_sync_error",
             "sync_failures",
             "next_sync_at",
+            "user_auth",
+            "user_ca_public_key",
+            "user_ca_sshd_config_line",
             "partitions",
         ]
+
+    def get_user_ca_sshd_config_line(self, cluster: Cluster) -> str:
+        return sshd_config_line(cluster)
 
 
 class GpuSerializer(serializers.ModelSerializer):
@@ -147,6 +158,35 @@ class ClusterDetailApi(generics.RetrieveAPIView):
         return cluster_list().prefetch_related("partitions")
 
 
+class ClusterUpdateApi(APIView):
+    """Change what may change on a registered cluster (operators): the description, the
+    default flag, the work directory, the Python, the default partition and the maximum
+    age of a running job's newest proven checkpoint (``null``: no limit). Validated and
+    audited (``cluster.update`` with the values before and after)."""
+
+    permission_classes = [IsOperator]
+
+    class InputSerializer(serializers.Serializer):
+        description = serializers.CharField(max_length=255, required=False, allow_blank=True)
+        is_default = serializers.BooleanField(required=False)
+        workdir = serializers.CharField(max_length=512, required=False)
+        python = serializers.CharField(max_length=512, required=False)
+        default_partition = serializers.CharField(max_length=64, required=False, allow_blank=True)
+        proven_checkpoint_max_age_minutes = serializers.IntegerField(
+            min_value=1, max_value=525600, required=False, allow_null=True
+        )
+
+    @extend_schema(request=InputSerializer, responses=ClusterSerializer)
+    def patch(self, request: Request, cluster_id: int) -> Response:
+        cluster = get_object_or_404(Cluster, pk=cluster_id)
+        data = self.InputSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        if data.validated_data:
+            cluster_update(actor=request.user, cluster=cluster, **data.validated_data)
+        updated = Cluster.objects.prefetch_related("partitions").get(pk=cluster.pk)
+        return Response(ClusterSerializer(updated).data)
+
+
 class ProbeSerializer(serializers.Serializer):
     slurm_version = serializers.CharField()
     cluster_name = serializers.CharField(allow_null=True)
@@ -202,6 +242,11 @@ class ClusterRegisterApi(APIView):
             default=False,
             help_text="without host_key_fingerprint: pin whatever key the server presents now",
         )
+        user_auth = serializers.ChoiceField(
+            choices=Cluster.UserAuth.choices,
+            required=False,
+            help_text="how Gantry acts as users there (default: certificate, for a new cluster)",
+        )
 
         def validate_ssh_host(self, value: str) -> str:
             # A host name or an IP address, nothing a resolver chokes on (a label over 63
@@ -242,6 +287,7 @@ class ClusterRegisterApi(APIView):
             expected_fingerprint=values["host_key_fingerprint"] or None,
             is_default=values["is_default"],
             trust_on_first_use=values["trust_on_first_use"],
+            user_auth=values.get("user_auth"),
         )
         cluster = Cluster.objects.prefetch_related("partitions").get(pk=registration.cluster.pk)
         output = {

@@ -6,6 +6,7 @@ deletes a node that disappears (it is marked ``gone``).
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models
 from django.db.models import Q
@@ -23,7 +24,20 @@ unix_user_validator = RegexValidator(
 )
 
 
+class UserAuth(models.TextChoices):
+    """How Gantry logs in to a cluster as the researcher whose work it runs."""
+
+    CERTIFICATE = "certificate", "short-lived SSH certificates signed by Gantry's user CA"
+    USER_KEYS = "user_keys", "a key pair per user (the user installs its public key)"
+    SERVICE_ACCOUNT = (
+        "service_account",
+        "legacy: everything runs as the service account (no per-user identities)",
+    )
+
+
 class Cluster(models.Model):
+    UserAuth = UserAuth
+
     class SyncStatus(models.TextChoices):
         NEVER = "never", "never synced"
         OK = "ok", "ok"
@@ -57,6 +71,16 @@ class Cluster(models.Model):
         "Python on the cluster", max_length=512, validators=[remote_path_validator]
     )
     default_partition = models.CharField(max_length=64, blank=True)
+    # How old the newest proven checkpoint of a running job may get (operators set it);
+    # older is a breach: listed on the overview and notified. Empty: no limit.
+    proven_checkpoint_max_age_minutes = models.PositiveIntegerField(
+        "maximum age of a running job's newest proven checkpoint (minutes)",
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1), MaxValueValidator(525600)],
+        help_text="A running job whose newest proven checkpoint (a restore drill passed) is "
+        "older than this, or that has run this long without one, is a breach. Empty: no limit.",
+    )
 
     slurm_version = models.CharField(max_length=32, blank=True)
     slurm_cluster_name = models.CharField(max_length=64, blank=True)
@@ -82,6 +106,19 @@ class Cluster(models.Model):
     accounting_retry_at = models.DateTimeField(null=True, blank=True)
     accounting_error = models.TextField(blank=True)
     accounting_failing_since = models.DateTimeField(null=True, blank=True)
+
+    # How Gantry acts for a user on this cluster (see nodes.identities). Rows that existed
+    # before per-user identities were migrated to CERTIFICATE: fail closed, nobody submits
+    # until an operator maps them (or opts this cluster into SERVICE_ACCOUNT explicitly).
+    user_auth = models.CharField(
+        "how Gantry acts as a user",
+        max_length=16,
+        choices=UserAuth.choices,
+        default=UserAuth.CERTIFICATE,
+    )
+    # The public half of Gantry's user CA for this cluster (the private half is a 0600 file
+    # under the data directory): what the login node's TrustedUserCAKeys file holds.
+    user_ca_public_key = models.TextField("user CA public key", blank=True)
 
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
@@ -339,3 +376,37 @@ class NodeEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.node}: {self.kind} {self.from_state}→{self.to_state}"
+
+
+class ClusterIdentity(models.Model):
+    """Which cluster account a Gantry user's work runs as on one cluster. Set by operators
+    (admin, API, ``manage.py cluster_identity``), audited; a user without one cannot submit
+    there. ``public_key``: for clusters in ``user_keys`` mode, the key the user installs."""
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="identities")
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="cluster_identities"
+    )
+    account = models.CharField(
+        "cluster account",
+        max_length=32,
+        validators=[unix_user_validator],
+        help_text="The Unix user on the cluster this Gantry user's jobs run as.",
+    )
+    public_key = models.TextField(
+        blank=True,
+        help_text="user_keys mode: the public key to install in the account's authorized_keys.",
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["cluster", "account"]
+        verbose_name_plural = "cluster identities"
+        constraints = [
+            models.UniqueConstraint(fields=["cluster", "user"], name="identity_unique_user"),
+            models.UniqueConstraint(fields=["cluster", "account"], name="identity_unique_account"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.cluster.name}: {self.user} as {self.account}"

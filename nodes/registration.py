@@ -22,6 +22,7 @@ from controlplane.tasknames import CLUSTER_SYNC, task_send
 from core.audit import AuditAction, audit_event_record
 from core.errors import ApplicationError, FieldError
 from nodes.cluster_access import cluster_key_dir, slurm_client_for, write_private_file
+from nodes.identities import cluster_user_ca_ensure
 from nodes.models import Cluster
 from nodes.slurm import errors as slurm_errors
 from nodes.slurm.errors import describe_cluster_error
@@ -54,6 +55,8 @@ class ClusterEndpoint:
     python: str
     default_partition: str = ""
     description: str = ""
+    # How Gantry acts as users there; None: certificate for a new cluster, unchanged else.
+    user_auth: str | None = None
 
 
 def _validate_private_key(content: str) -> None:
@@ -111,6 +114,10 @@ def _cluster_for(endpoint: ClusterEndpoint, *, update_existing: bool) -> tuple[C
     cluster.workdir = endpoint.workdir.rstrip("/") or "/"
     cluster.python = endpoint.python
     cluster.default_partition = endpoint.default_partition
+    if endpoint.user_auth is not None:
+        if endpoint.user_auth not in Cluster.UserAuth.values:
+            raise FieldError("user_auth", f"one of {', '.join(Cluster.UserAuth.values)}")
+        cluster.user_auth = endpoint.user_auth
     try:
         cluster.full_clean(
             exclude=[
@@ -211,8 +218,15 @@ def _save_registration(
             "host_key": cluster.host_key_fingerprint,
             "host_key_trust": trust,
             "slurm_version": info.slurm_version,
+            "user_auth": cluster.user_auth,
         },
     )
+
+
+def _ensure_user_ca(cluster: Cluster, *, actor: Any) -> None:
+    """A cluster that uses certificates gets its user CA at registration (kept if any)."""
+    if cluster.user_auth == Cluster.UserAuth.CERTIFICATE:
+        cluster_user_ca_ensure(actor=actor, cluster=cluster)
 
 
 def cluster_register(
@@ -232,6 +246,7 @@ def cluster_register(
     update_existing: bool = False,
     sync: bool = True,
     trust_on_first_use: bool = False,
+    user_auth: str | None = None,
 ) -> ClusterRegistration:
     """Register a cluster: fetch and pin its host key, store its key 0600, probe Slurm.
 
@@ -241,6 +256,10 @@ def cluster_register(
     — a bad private key, a refused login, Slurm missing. Nothing is saved unless the probe
     succeeds; the audit event records how the key came to be trusted. Safe to re-run with
     ``update_existing`` (the dev cluster is registered on every ``make run``).
+
+    ``user_auth``: how Gantry acts as users there (``nodes.identities``); a new cluster
+    gets ``certificate`` and its user CA, an existing one keeps its mode unless given.
+    ``service_account`` is the explicit opt-in to the legacy single-account mode.
     """
     endpoint = ClusterEndpoint(
         name=name,
@@ -251,6 +270,7 @@ def cluster_register(
         python=python,
         default_partition=default_partition,
         description=description,
+        user_auth=user_auth,
     )
     cluster, updated = _cluster_for(endpoint, update_existing=update_existing)
     previously = cluster.host_key_fingerprint if updated else ""
@@ -278,6 +298,7 @@ def cluster_register(
         if sync:
             cluster_id = cluster.pk
             transaction.on_commit(lambda: task_send(CLUSTER_SYNC, cluster_id))
+    _ensure_user_ca(cluster, actor=actor)
     return ClusterRegistration(
         cluster=cluster,
         created=not updated,

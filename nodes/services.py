@@ -39,7 +39,14 @@ def cluster_sync_request(*, actor: Any, cluster: Cluster) -> None:
 
 # What an operator may change on a registered cluster. The login (host, port, user, key)
 # is pinned with its host key: changing it means registering again.
-CLUSTER_EDITABLE = ("description", "is_default", "workdir", "python", "default_partition")
+CLUSTER_EDITABLE = (
+    "description",
+    "is_default",
+    "workdir",
+    "python",
+    "default_partition",
+    "proven_checkpoint_max_age_minutes",
+)
 
 
 def cluster_update(*, actor: Any, cluster: Cluster, **changes: Any) -> Cluster:

@@ -12,4 +12,5 @@ urlpatterns: list[URLPattern] = [
     path("nodes/<int:node_id>/drain/", views.node_drain_action, name="node-drain"),
     path("nodes/<int:node_id>/resume/", views.node_resume_action, name="node-resume"),
     path("clusters/<int:cluster_id>/sync/", views.cluster_sync_action, name="cluster-sync"),
+    path("clusters/<int:cluster_id>/access/", views.cluster_access_page, name="cluster-access"),
 ]

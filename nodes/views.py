@@ -19,6 +19,12 @@ from django.views.decorators.http import require_POST
 
 from core.errors import ApplicationError
 from core.roles import is_operator
+from nodes.identities import (
+    cluster_identity_for_user,
+    cluster_identity_list,
+    sshd_config_line,
+    trusted_ca_file,
+)
 from nodes.models import Cluster, Node
 from nodes.selectors import cluster_list, node_list
 from nodes.services import cluster_sync_request, node_drain, node_resume
@@ -125,3 +131,23 @@ def cluster_sync_action(request: HttpRequest, cluster_id: int) -> HttpResponse:
     cluster_sync_request(actor=request.user, cluster=cluster)
     messages.success(request, f"A sync of {cluster.name} is on its way.")
     return HttpResponseRedirect(reverse("overview"))
+
+
+@login_required
+def cluster_access_page(request: HttpRequest, cluster_id: int) -> HttpResponse:
+    """Who runs as whom on a cluster: your account there, the user CA's public key and the
+    sshd line an admin adds, and (operators) every mapping."""
+    cluster = get_object_or_404(Cluster, id=cluster_id)
+    operator = is_operator(request.user)
+    return render(
+        request,
+        "nodes/cluster_access.html",
+        {
+            "cluster": cluster,
+            "identity": cluster_identity_for_user(cluster=cluster, user=request.user),
+            "identities": list(cluster_identity_list(cluster=cluster)) if operator else [],
+            "can_operate": operator,
+            "trusted_ca_file": trusted_ca_file(cluster),
+            "sshd_line": sshd_config_line(cluster),
+        },
+    )

@@ -6,7 +6,7 @@
     var data = JSON.parse(raw.textContent);
     var el = document.getElementById("chart-drill");
     if (el && data.step.length) {
-      GantryChart.line(el, {x: data.step, series: [{name: "original run", values: data.reference, color: "#9ca3af"}, {name: "drill", values: data.drill, color: "#2563eb", dash: "5 3"}], xLabel: "step"});
+      GantryChart.line(el, {x: data.step, series: [{name: "original run", values: data.reference, color: "#9ca3af"}, {name: "drill", values: data.drill, color: "#2563eb", dash: "5 3"}], xLabel: "step", integerX: true, xName: "step"});
     }
   }
   var live = document.getElementById("drill-live");

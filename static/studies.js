@@ -21,20 +21,20 @@
     GantryChart.line(document.getElementById("chart-throughput"), {x: ranks, series: [
       {name: "measured samples/s", values: column(rows, "samples_per_s")},
       {name: "ideal (linear)", values: column(rows, "ideal_samples_per_s"), dash: "6 4"}
-    ], xLabel: "ranks", zeroBased: true, empty: empty});
+    ], xLabel: "ranks", integerX: true, xName: "ranks", zeroBased: true, empty: empty});
     GantryChart.line(document.getElementById("chart-speedup"), {x: ranks, series: [
       {name: "speed-up", values: column(rows, "speedup")},
       {name: "ideal", values: column(rows, "ideal_speedup"), dash: "6 4"}
-    ], xLabel: "ranks", zeroBased: true, empty: empty});
+    ], xLabel: "ranks", integerX: true, xName: "ranks", zeroBased: true, empty: empty});
     GantryChart.line(document.getElementById("chart-efficiency"), {x: ranks, series: [
       {name: "efficiency %", values: column(rows, "efficiency").map(function (v) { return v === null ? null : v * 100; })}
-    ], hlines: [{y: 100, label: "ideal", dash: "6 4"}], xLabel: "ranks", zeroBased: true, empty: empty});
+    ], hlines: [{y: 100, label: "ideal", dash: "6 4"}], xLabel: "ranks", integerX: true, xName: "ranks", zeroBased: true, empty: empty});
     GantryChart.line(document.getElementById("chart-breakdown"), {x: ranks, series: [
       {name: "step", values: column(rows, "step_time_s")},
       {name: "data", values: column(rows, "data_time_s")},
       {name: "compute (est.)", values: column(rows, "compute_s")},
       {name: "communication (est.)", values: column(rows, "communication_s")}
-    ], xLabel: "ranks", zeroBased: true, empty: empty});
+    ], xLabel: "ranks", integerX: true, xName: "ranks", zeroBased: true, empty: empty});
   }
 
   function refreshReport() {

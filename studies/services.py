@@ -21,6 +21,7 @@ from core.roles import is_researcher
 from jobs.placement import job_request_with_advice
 from jobs.services import job_submit
 from jobs.validation import JobRequest, job_request_validate
+from nodes.identities import cluster_account_for
 from nodes.models import Cluster
 from nodes.placement_service import placement_as_dict
 from studies.models import ScalingStudy, StudyPoint
@@ -184,6 +185,8 @@ def study_create(
     and its points, and submit the first point after commit."""
     if not is_researcher(user):
         raise PermissionDenied("You need the researcher or operator role to run studies.")
+    # Its jobs run as the owner's account there: refuse now rather than at the first point.
+    cluster_account_for(cluster=cluster, user=user)
     ranks_list = _check_study_input(
         kind=kind,
         name=name,

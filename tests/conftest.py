@@ -1,4 +1,8 @@
-"""Shared fixtures. Personas: an operator, a researcher, another researcher, an outsider."""
+"""Shared fixtures. Personas: an operator, a researcher, another researcher, an outsider.
+
+The operator and the researchers have an account on every cluster (``factories.
+PERSONA_ACCOUNTS``: on the dev cluster, the Unix users carol, alice and bob), so their jobs
+run as their own account there; the outsider and users made by hand have none."""
 
 from __future__ import annotations
 
@@ -8,7 +12,7 @@ from typing import Any
 import pytest
 from rest_framework.test import APIClient
 
-from factories import UserFactory
+from factories import UserFactory, map_personas
 
 
 def pytest_configure(config: Any) -> None:
@@ -24,19 +28,25 @@ def pytest_configure(config: Any) -> None:
                 path.unlink()
 
 
+def _persona(**values: Any) -> Any:
+    user = UserFactory(**values)
+    map_personas(user=user)
+    return user
+
+
 @pytest.fixture
 def operator(db: Any) -> Any:
-    return UserFactory(username="olivia-operator", role="operators", is_staff=True)
+    return _persona(username="olivia-operator", role="operators", is_staff=True)
 
 
 @pytest.fixture
 def researcher(db: Any) -> Any:
-    return UserFactory(username="rita-researcher", role="researchers")
+    return _persona(username="rita-researcher", role="researchers")
 
 
 @pytest.fixture
 def other_researcher(db: Any) -> Any:
-    return UserFactory(username="rob-researcher", role="researchers")
+    return _persona(username="rob-researcher", role="researchers")
 
 
 @pytest.fixture
@@ -100,7 +110,8 @@ def devcluster() -> Any:
 
 @pytest.fixture
 def dev_cluster_registered(transactional_db: Any) -> Any:
-    """The dev cluster (brought up if needed) registered in Gantry and synced once."""
+    """The dev cluster (brought up if needed) registered in Gantry and synced once, its
+    sshd trusting the cluster's user CA, the personas mapped to their Unix accounts."""
     from devcluster_support import ensure_up
     from nodes.registration import cluster_register
     from nodes.slurm.transport import close_all
@@ -123,4 +134,6 @@ def dev_cluster_registered(transactional_db: Any) -> Any:
         sync=False,
     )
     assert cluster_sync(cluster_id=registration.cluster.pk).ok
+    devcluster.trust_user_ca(registration.cluster.user_ca_public_key)
+    map_personas(cluster=registration.cluster)
     return registration.cluster

@@ -58,6 +58,9 @@ class DevCluster:
     default_partition: str
     slurm_cluster_name: str
     slurm_conf: str
+    # Unix users the researchers' work runs as (the service account is ``user``).
+    researchers: tuple[str, ...]
+    trusted_ca_keys: Path
     env: dict[str, str] = field(repr=False, compare=False, hash=False)
 
     @classmethod
@@ -78,6 +81,11 @@ class DevCluster:
             default_partition=env["GANTRY_CLUSTER_DEFAULT_PARTITION"],
             slurm_cluster_name=env.get("GANTRY_CLUSTER_SLURM_NAME", "gantrydev"),
             slurm_conf=env["SLURM_CONF"],
+            researchers=tuple(filter(None, env.get("GANTRY_CLUSTER_RESEARCHERS", "").split(","))),
+            trusted_ca_keys=Path(
+                env.get("DEVCLUSTER_TRUSTED_CA_KEYS")
+                or Path(env["DEVCLUSTER_DIR"]) / "ssh" / "trusted_user_ca_keys"
+            ),
             env=env,
         )
 
@@ -116,19 +124,35 @@ class DevCluster:
         self, cmd: Sequence[str] | str, *, check: bool = True, timeout: float = 60
     ) -> subprocess.CompletedProcess[str]:
         """Run a command locally as the cluster user (in its work directory)."""
+        return self.run_as(self.user, cmd, check=check, timeout=timeout)
+
+    def run_as(
+        self, user: str, cmd: Sequence[str] | str, *, check: bool = True, timeout: float = 60
+    ) -> subprocess.CompletedProcess[str]:
+        """Run a command locally as Unix user ``user`` (in the work directory)."""
         argv = shlex.split(cmd) if isinstance(cmd, str) else list(cmd)
         full = [
             "runuser",
             "-u",
-            self.user,
+            user,
             "--",
             "env",
             f"SLURM_CONF={self.slurm_conf}",
             "PATH=/usr/local/bin:/usr/bin:/bin",
-            f"HOME={pwd.getpwnam(self.user).pw_dir}",
+            f"HOME={pwd.getpwnam(user).pw_dir}",
             *argv,
         ]
         return _run(full, env=self.slurm_env(), check=check, timeout=timeout, cwd=self.workdir)
+
+    def trust_user_ca(self, public_key_line: str) -> None:
+        """What the login node's admin does: trust this user CA (idempotent, a few ms)."""
+        if not public_key_line.strip():
+            raise DevClusterError("no user CA public key to trust")
+        _run(
+            [str(SCRIPT), "trust-ca", str(self.dir)],
+            input_text=public_key_line.strip() + "\n",
+            timeout=60,
+        )
 
     def pids(self) -> dict[str, int]:
         """The pids recorded in DIR/run/*.pid."""
@@ -198,6 +222,7 @@ def _run(
     check: bool = True,
     timeout: float = 60,
     cwd: str | os.PathLike[str] | None = None,
+    input_text: str | None = None,
 ) -> subprocess.CompletedProcess[str]:
     proc = subprocess.run(
         list(argv),
@@ -206,7 +231,7 @@ def _run(
         text=True,
         timeout=timeout,
         cwd=cwd,
-        stdin=subprocess.DEVNULL,
+        **({"input": input_text} if input_text is not None else {"stdin": subprocess.DEVNULL}),
     )
     if check and proc.returncode != 0:
         raise DevClusterError(

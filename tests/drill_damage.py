@@ -167,6 +167,66 @@ def other_step_rank_files(d: Path, other: Path) -> None:
     _write_manifest(d, manifest)
 
 
+# ---------------------------------------------------------------- sharded (FSDP) damage
+
+
+def _last_rank(d: Path) -> int:
+    return int(_manifest(d)["world_size"]) - 1
+
+
+def shard_missing(d: Path, other: Path) -> None:
+    """One rank's shard gone: the data files of the last rank deleted."""
+    for path in _data_files(d, _last_rank(d)):
+        path.unlink()
+
+
+def _sharded_slot(state: dict[str, Any], key: str) -> tuple[dict[str, Any], str]:
+    """The dict and key that hold the tensor ``key`` (``model/<p>``,
+    ``optimizer/<p>/<entry>``) of an FSDP rank's state (optimizer state by name)."""
+    kind, rest = key.split("/", 1)
+    if kind == "model":
+        return state["model"], rest
+    name, entry = rest.rsplit("/", 1)
+    return state["optimizer"]["state"][name], entry
+
+
+def shards_swapped(d: Path, other: Path) -> None:
+    """Rank 0 and rank 1 hold each other's slices of every sharded tensor; both ranks'
+    files are written again, so every size, sha256, sidecar and the manifest are valid,
+    and each rank's shard table still says it holds its own rows."""
+    manifest = _manifest(d)
+    states = {r: ck.load_rank(str(d), manifest, r)[0] for r in (0, 1)}
+
+    def take_from(theirs: dict[str, Any]) -> Callable[[dict[str, Any]], None]:
+        def mutate(state: dict[str, Any]) -> None:
+            for key, entry in state["shards"].items():
+                if entry["placement"] != "shard0":
+                    continue
+                mine, slot = _sharded_slot(state, key)
+                source, other_slot = _sharded_slot(theirs, key)
+                assert mine[slot].shape == source[other_slot].shape, key
+                mine[slot] = source[other_slot].clone()
+
+        return mutate
+
+    rewrite_rank(d, 0, take_from(states[1]))
+    rewrite_rank(d, 1, take_from(states[0]))
+
+
+def shard_of_another_step(d: Path, other: Path) -> None:
+    """The last rank's data files (its shard) copied from another step of the same run,
+    the manifest's sizes and sha256 made to match; its index is this step's."""
+    rank = _last_rank(d)
+    manifest = _manifest(d)
+    by_name = {f["name"]: f for f in manifest["files"]}
+    for path in _data_files(d, rank):
+        shutil.copyfile(other / path.name, path)
+        digest, size = ck.sha256_file(str(path))
+        by_name[path.name].update(sha256=digest, size=size)
+    manifest["total_bytes"] = sum(int(f["size"]) for f in manifest["files"])
+    _write_manifest(d, manifest)
+
+
 def _state(mutate: Callable[[dict[str, Any]], None]) -> Callable[[Path, Path], None]:
     def damage(d: Path, other: Path) -> None:
         rewrite_rank(d, 0, mutate)
@@ -183,6 +243,13 @@ class Damage:
     codes: frozenset[str]
     # Applies to the checkpoint on the cluster (False: to Gantry's reference instead).
     on_files: bool = True
+    # Needs a sharded (FSDP) checkpoint of at least 2 ranks.
+    sharded: bool = False
+    # The reason must contain one of these (it names the shard or the rank at fault).
+    names: tuple[str, ...] = ()
+
+    def named_in(self, reason: str | None) -> bool:
+        return not self.names or any(name in (reason or "") for name in self.names)
 
 
 def _codes(*codes: str) -> frozenset[str]:
@@ -215,7 +282,34 @@ KINDS: list[Damage] = [
     Damage("rank files of another step (hashes valid)", other_step_rank_files, "failed", STATE),
     Damage("a tensor of the wrong shape (hashes valid)", _state(_wrong_shape), "failed", STATE),
     Damage("a missing key (hashes valid)", _state(_missing_key), "failed", STATE),
+    Damage(
+        "one rank's shard missing",
+        shard_missing,
+        "failed",
+        _codes("missing_file"),
+        sharded=True,
+        names=("rank-00001-", "rank 1's shard"),
+    ),
+    Damage(
+        "two ranks' shards swapped (hashes valid)",
+        shards_swapped,
+        "failed",
+        _codes("state_mismatch"),
+        sharded=True,
+        names=("rank 0's slice", "rank 1's slice"),
+    ),
+    Damage(
+        "a shard of another step (hashes valid)",
+        shard_of_another_step,
+        "failed",
+        _codes("state_mismatch", "inconsistent_state"),
+        sharded=True,
+        names=("rank 1's slice", "rank-00001-"),
+    ),
 ]
+# The kinds that apply to any checkpoint, and those that need a sharded one.
+REPLICATED_KINDS = [kind for kind in KINDS if not kind.sharded]
+SHARDED_KINDS = [kind for kind in KINDS if kind.sharded]
 
 
 def damage_by_name(name: str) -> Damage:

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from typing import Any
+
 import factory
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
@@ -28,9 +30,38 @@ class UserFactory(factory.django.DjangoModelFactory):
             self.groups.add(Group.objects.get(name=extracted))
 
 
+# The test personas' accounts on every cluster (the dev cluster has these Unix users):
+# jobs run as their submitter's account, so a persona without one could not submit.
+PERSONA_ACCOUNTS = {"rita-researcher": "alice", "rob-researcher": "bob", "olivia-operator": "carol"}
+# A stand-in user CA public key for clusters no test connects to as a user.
+FAKE_USER_CA = (
+    "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGFudHJ5IHRlc3QgdXNlciBDQSBub3QgYSBrZXkhISE= fake"
+)
+
+
+def map_personas(*, cluster: Cluster | None = None, user: Any = None) -> None:
+    """Map the personas to their accounts: ``user`` on every cluster, or every persona on
+    ``cluster`` (directly in the database, as a fixture: no audit event)."""
+    from nodes.models import ClusterIdentity
+
+    User = get_user_model()
+    users = [user] if user is not None else list(User.objects.filter(username__in=PERSONA_ACCOUNTS))
+    clusters = [cluster] if cluster is not None else list(Cluster.objects.all())
+    for someone in users:
+        account = PERSONA_ACCOUNTS.get(someone.get_username())
+        if account is None:
+            continue
+        for each in clusters:
+            if each.ssh_user != account:
+                ClusterIdentity.objects.get_or_create(
+                    cluster=each, user=someone, defaults={"account": account}
+                )
+
+
 class ClusterFactory(factory.django.DjangoModelFactory):
     class Meta:
         model = Cluster
+        skip_postgeneration_save = True
 
     name = factory.Sequence(lambda n: f"cluster{n}")
     ssh_host = "127.0.0.1"
@@ -40,6 +71,13 @@ class ClusterFactory(factory.django.DjangoModelFactory):
     workdir = "/srv/gantry"
     python = "/usr/bin/python3"
     default_partition = "batch"
+    user_ca_public_key = FAKE_USER_CA
+
+    @factory.post_generation
+    def personas(self, create: bool, extracted: bool | None, **kwargs: object) -> None:
+        # Pass personas=False for a cluster nobody is mapped on.
+        if create and extracted is not False:
+            map_personas(cluster=self)
 
 
 class PartitionFactory(factory.django.DjangoModelFactory):

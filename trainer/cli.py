@@ -16,6 +16,8 @@ import sys
 import traceback
 from typing import Any
 
+from .config import STRATEGIES
+
 EXIT_OK, EXIT_FAILED, EXIT_INPUT, EXIT_INFRA, EXIT_LOCKED = 0, 1, 2, 3, 4
 
 
@@ -31,6 +33,11 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--config", help="JSON config (optional with --resume: use the checkpoint's)")
     t.add_argument("--run-dir", required=True)
     t.add_argument("--resume", help="checkpoint directory or 'latest'")
+    t.add_argument(
+        "--strategy",
+        choices=list(STRATEGIES),
+        help="override the config's strategy (e.g. resume an FSDP checkpoint with DDP)",
+    )
     d = sub.add_parser("drill", help="restore drill: verify, load, run K steps, compare")
     d.add_argument("--checkpoint", required=True)
     d.add_argument(
@@ -48,6 +55,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="relative L2 per tensor after replay, tolerance mode",
     )
     d.add_argument("--mode", choices=["auto", "exact", "tolerance"], default="auto")
+    d.add_argument(
+        "--strategy",
+        choices=list(STRATEGIES),
+        help="restore with this strategy (default: the checkpoint's)",
+    )
     v = sub.add_parser("verify", help="checkpoint integrity (manifest, sizes, hashes, keys)")
     v.add_argument("--checkpoint", required=True)
     v.add_argument("--json", action="store_true")
@@ -73,7 +85,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
         status = "OK" if rep["ok"] else "BAD"
         print(
             f"{status} {rep['path']}  step={rep['step']} world_size={rep['world_size_at_save']}"
-            f" bytes={rep['bytes']} ({rep['time_s']:.2f}s)"
+            f" strategy={rep.get('strategy')} bytes={rep['bytes']} ({rep['time_s']:.2f}s)"
         )
         for f in rep["files"]:
             flag = (
@@ -133,7 +145,7 @@ def _run_distributed(args: argparse.Namespace) -> tuple[int, bool]:
         if args.command == "train":
             from .train import train
 
-            code = train(cfg, args.run_dir, args.resume, env, device, backend)
+            code = train(cfg, args.run_dir, args.resume, env, device, backend, args.strategy)
         else:
             from .drill import run
 
@@ -148,6 +160,7 @@ def _run_distributed(args: argparse.Namespace) -> tuple[int, bool]:
                 tolerance=args.tolerance,
                 mode=args.mode,
                 state_tolerance=args.state_tolerance,
+                strategy=args.strategy,
             )
     finally:
         release(directory)

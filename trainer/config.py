@@ -16,6 +16,7 @@ __all__ = [
     "DEFAULTS",
     "MODEL_KEYS",
     "PRESETS",
+    "STRATEGIES",
     "Config",
     "ConfigError",
     "DataConfig",
@@ -56,6 +57,9 @@ PRESETS: dict[str, dict[str, Any]] = {
     },
 }
 
+# Distribution strategies: data-parallel replicas, or fully sharded (FSDP2).
+STRATEGIES = ("ddp", "fsdp")
+
 # Largest number of Markov contexts (vocab_size ** order) the data source will tabulate.
 MAX_CONTEXTS = 1 << 20
 
@@ -86,6 +90,9 @@ class Config:
     weight_decay: float = 0.01
     grad_clip: float = 1.0
     precision: str = "fp32"
+    # ddp: every rank holds a full replica; fsdp: parameters, gradients and optimizer state
+    # sharded over the ranks (FSDP2, per transformer block plus the root).
+    strategy: str = "ddp"
     device: str = "auto"
     seed: int = 0
     checkpoint_every: int = 100
@@ -133,6 +140,7 @@ _TOP_TYPES: dict[str, tuple[str, ...]] = {
     "weight_decay": ("float",),
     "grad_clip": ("float",),
     "precision": ("str",),
+    "strategy": ("str",),
     "device": ("str",),
     "seed": ("int",),
     "checkpoint_every": ("int",),
@@ -243,6 +251,8 @@ def validate(raw: Any) -> Config:
         )
     if merged["precision"] not in ("fp32", "bf16"):
         raise ConfigError("precision", f"must be 'fp32' or 'bf16', got {merged['precision']!r}")
+    if merged["strategy"] not in STRATEGIES:
+        raise ConfigError("strategy", f"must be 'ddp' or 'fsdp', got {merged['strategy']!r}")
     if merged["device"] not in ("auto", "cpu", "cuda"):
         raise ConfigError("device", f"must be 'auto', 'cpu' or 'cuda', got {merged['device']!r}")
 

@@ -146,6 +146,8 @@ class Drill:
     manifest: dict[str, Any] = field(default_factory=dict)
     cfg: Config | None = None
     reference: dict[str, Any] = field(default_factory=dict)
+    # Restore with this strategy instead of the checkpoint's (None: the checkpoint's).
+    strategy: str | None = None
 
     @property
     def timings(self) -> dict[str, Any]:
@@ -193,6 +195,10 @@ class Drill:
             self.cfg = validate(self.manifest["config"])
         except ConfigError as exc:
             raise DrillEnded(Reason.LOAD_ERROR, f"checkpoint config invalid: {exc}") from None
+        saved_strategy = ck.strategy_of(self.manifest)
+        if self.strategy is not None and self.strategy != self.cfg.strategy:
+            self.cfg = self.cfg.replace(strategy=self.strategy)
+        self.doc["allocation"]["strategy"] = self.cfg.strategy
         w_save = int(self.manifest["world_size"])
         self.doc["checkpoint"].update(
             step=self.step0,
@@ -205,6 +211,7 @@ class Drill:
             deterministic=self.manifest.get("deterministic"),
             config_sha256=self.manifest.get("config_sha256"),
             trainer_digest=(self.manifest.get("versions") or {}).get("trainer_digest"),
+            strategy=saved_strategy,
         )
         problems = ck.rank_consistency(self.checkpoint, self.manifest) if self.env.rank == 0 else []
         problems = dist.broadcast_object(problems)
@@ -260,6 +267,7 @@ class Drill:
         deterministic = self.device.type == "cpu" or bool(self.manifest.get("deterministic"))
         exact_possible = (
             self.env.world_size == w_save
+            and self.cfg.strategy == ck.strategy_of(self.manifest)
             and same_device
             and deterministic
             and self.manifest.get("torch_threads") in (None, torch.get_num_threads())
@@ -267,8 +275,8 @@ class Drill:
         if mode == "exact" and not exact_possible:
             raise DrillEnded(
                 Reason.ALLOCATION_INCOMPATIBLE,
-                "allocation incompatible because exact mode needs the same world size, device "
-                "type and thread count as at save, and a deterministic run",
+                "allocation incompatible because exact mode needs the same world size, "
+                "strategy, device type and thread count as at save, and a deterministic run",
             )
         exact = mode == "exact" or (mode == "auto" and exact_possible)
         self.doc["mode"] = "exact" if exact else "tolerance"
@@ -285,10 +293,13 @@ class Drill:
         err: str | None = None
         code: str | None = None
         lrep: dict[str, Any] = {}
+        collective = False
+        # The slices read are checked against Gantry's fingerprint of this step.
+        expected = (self.reference.get("fingerprints") or {}).get(str(self.step0))
         try:
-            lrep = session.load(self.checkpoint, self.manifest)
+            lrep = session.load(self.checkpoint, self.manifest, expected, Reason.STATE_MISMATCH)
         except ck.CheckpointError as exc:
-            err, code = exc.reason, exc.code
+            err, code, collective = exc.reason, exc.code, exc.collective
         except Exception as exc:
             err, code = f"{type(exc).__name__}: {exc}", Reason.LOAD_ERROR
         per_rank = {
@@ -296,7 +307,10 @@ class Drill:
             "node": self.env.node,
             "files_verified": len(lrep.get("files_verified", [])),
             "files": lrep.get("files_verified", []),
+            "ranges": lrep.get("ranges", []),
+            "slices_checked": lrep.get("slices_checked", 0),
             "bytes": lrep.get("bytes", 0),
+            "data_bytes": lrep.get("data_bytes"),
             "ok": err is None,
             "detail": err or "; ".join(lrep.get("notes", [])) or "loaded",
         }
@@ -306,7 +320,9 @@ class Drill:
         if bad:
             codes = dist.all_gather_object(code, self.env)
             first = next(c for c in codes if c)
-            raise DrillEnded(first, f"rank {bad[0]['rank']}: {bad[0]['detail']}")
+            # A collective failure (a slice's digest summed over ranks) names its rank.
+            where = "" if collective else f"rank {bad[0]['rank']}: "
+            raise DrillEnded(first, f"{where}{bad[0]['detail']}")
         return session
 
     def compare_state(self, session: Session, step: int, *, exact: bool, what: str) -> None:
@@ -463,8 +479,10 @@ def run(
     tolerance: float = 1e-4,
     mode: str = "auto",
     state_tolerance: float = DEFAULT_STATE_TOLERANCE,
+    strategy: str | None = None,
 ) -> int:
-    """Returns the exit code: 0 passed, 1 failed, 5 inconclusive (drill.json by rank 0)."""
+    """Returns the exit code: 0 passed, 1 failed, 5 inconclusive (drill.json by rank 0).
+    ``strategy``: restore with it instead of the checkpoint's (a tolerance drill)."""
     t_all = time.perf_counter()
     doc = _empty_report(
         checkpoint,
@@ -476,7 +494,8 @@ def run(
         tolerance=tolerance,
         state_tolerance=state_tolerance,
     )
-    drill = Drill(checkpoint, reference, k, env, device, doc)
+    doc["allocation"]["strategy"] = strategy  # None until the checkpoint's is read
+    drill = Drill(checkpoint, reference, k, env, device, doc, strategy=strategy)
     drill.nodes = dist.all_gather_object(env.node, env)
     doc["allocation"]["nodes"] = drill.nodes
     try:

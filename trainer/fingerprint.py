@@ -41,6 +41,7 @@ import numpy as np
 import torch
 
 from .schema import FINGERPRINT_FORMAT
+from .statekeys import SHARD0, SHARDS, group_params, row_elements, state_leaves
 
 FORMAT = FINGERPRINT_FORMAT
 SKETCH = 8
@@ -256,6 +257,9 @@ def combine(parts: list[dict[str, Any]]) -> dict[str, Any]:
         "dtype": first["dtype"],
         "lhash": sum(int(p["lhash"]) for p in parts) & _MASK32,
     }
+    slices = [entry for p in parts for entry in p.get("shards", [])]
+    if slices:
+        combined["shards"] = sorted(slices, key=lambda entry: (entry["start"], entry["rank"]))
     if all("sketch" in p for p in parts):
         combined.update(
             sum=sum(float(p["sum"]) for p in parts),
@@ -397,35 +401,25 @@ def rank_part(
     state: dict[str, Any], *, rank: int, param_names: list[str], full: bool = True
 ) -> dict[str, Any]:
     """This rank's contribution to the fingerprint of a checkpoint state (the rank's
-    snapshot: ``model``, ``optimizer``, ``scheduler`` where it holds them, and always
-    ``rng``, ``data``, ``meta``). ``param_names``: the model's parameter names in the
-    optimizer's order, so optimizer state is keyed by name whatever the world size.
-    ``full`` False: exact digests only (a bit-for-bit comparison needs nothing more)."""
+    snapshot: ``model``, ``optimizer``, ``scheduler`` where it holds them, its ``shards``
+    table, and always ``rng``, ``data``, ``meta``). ``param_names``: the model's parameter
+    names in the optimizer's order, so optimizer state is keyed by name whatever the world
+    size or strategy. A dim-0 slice counts at its global position and its entry lists the
+    slice (``shards``: rank, start row, rows, its own ``lhash``), so a drill can name the
+    rank whose slice differs. ``full`` False: exact digests only (enough for bit for bit)."""
     tensors: dict[str, Any] = {}
     scalars: dict[str, str] = {}
-    for name, value in (state.get("model") or {}).items():
+    shards = state.get(SHARDS) or {}
+    for key, value in state_leaves(state, param_names):
         if isinstance(value, torch.Tensor):
-            tensors[f"model/{name}"] = tensor_part(value, full=full)
+            tensors[key] = _slice_part(value, shards.get(key), rank, full)
+        elif key.startswith("optimizer/"):
+            scalars[key] = digest(value)
     optimizer = state.get("optimizer")
-    if optimizer is not None:
-        for index, entries in optimizer.get("state", {}).items():
-            name = param_names[int(index)] if int(index) < len(param_names) else f"#{index}"
-            for key, value in entries.items():
-                if isinstance(value, torch.Tensor):
-                    tensors[f"optimizer/{name}/{key}"] = tensor_part(value, full=full)
-                else:
-                    scalars[f"optimizer/{name}/{key}"] = digest(value)
-        groups = [
-            {
-                **{k: v for k, v in group.items() if k != "params"},
-                "params": [
-                    param_names[int(i)] if int(i) < len(param_names) else f"#{i}"
-                    for i in group.get("params", [])
-                ],
-            }
-            for group in optimizer.get("param_groups", [])
-        ]
-        scalars["optimizer/param_groups"] = digest(groups)
+    if optimizer is not None and "param_groups" in optimizer:
+        scalars["optimizer/param_groups"] = digest(
+            group_params(optimizer["param_groups"], param_names)
+        )
     if state.get("scheduler") is not None:
         scalars["scheduler"] = digest(state["scheduler"])
     meta = state.get("meta") or {}
@@ -443,3 +437,20 @@ def rank_part(
             "dataset_sha256": data.get("dataset_sha256"),
         },
     }
+
+
+def _slice_part(
+    value: torch.Tensor, shard: dict[str, Any] | None, rank: int, full: bool
+) -> dict[str, Any]:
+    """A tensor's contribution: the whole tensor, or a dim-0 slice at its global rows."""
+    if shard is None or shard.get("placement") != SHARD0:
+        return tensor_part(value, full=full)
+    global_shape = [int(n) for n in shard["global_shape"]]
+    start = int(shard["start"])
+    part = tensor_part(
+        value, offset=start * row_elements(global_shape), global_shape=global_shape, full=full
+    )
+    part["shards"] = [
+        {"rank": rank, "start": start, "rows": int(shard["rows"]), "lhash": part["lhash"]}
+    ]
+    return part

@@ -11,7 +11,9 @@ import json
 import math
 from typing import Any
 
-CHECKPOINT_FORMAT = "gantry-trainer-checkpoint/2"
+CHECKPOINT_FORMAT = "gantry-trainer-checkpoint/3"
+# Formats a reader loads: 3 adds the strategy and the sharding table (FSDP); 2 is DDP.
+CHECKPOINT_FORMATS_READ = ("gantry-trainer-checkpoint/2", CHECKPOINT_FORMAT)
 RANK_INDEX_FORMAT = "gantry-trainer-rank-index/2"
 DRILL_SCHEMA = "gantry-trainer-drill/2"
 DRILL_REFERENCE_SCHEMA = "gantry-drill-reference/1"

@@ -4,23 +4,22 @@ one optimizer step, a snapshot for a checkpoint, loading a checkpoint (also resh
 from __future__ import annotations
 
 import math
-import random
 import time
 from contextlib import nullcontext
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as tdist
 import torch.nn.functional as F
-from torch.nn.parallel import DistributedDataParallel as DDP
 
 from . import checkpoint as ck
-from . import dist, fingerprint
+from . import dist, fingerprint, parallel, restore
 from .config import Config
 from .data import IGNORE_INDEX, MarkovSource
 from .model import TinyGPT, flops_per_token, n_params
+from .rng import rng_state, seed_all, set_rng_state
 from .schema import Reason
+from .statekeys import SHARDS
 
 
 def lr_lambda_for(cfg: Config):
@@ -36,44 +35,7 @@ def lr_lambda_for(cfg: Config):
     return f
 
 
-def rng_state(device: torch.device) -> dict[str, Any]:
-    np_state = np.random.get_state(legacy=False)
-    assert isinstance(np_state, dict)
-    return {
-        "python": random.getstate(),
-        "numpy": {
-            "bit_generator": np_state["bit_generator"],
-            "key": np_state["state"]["key"].tolist(),
-            "pos": int(np_state["state"]["pos"]),
-            "has_gauss": int(np_state["has_gauss"]),
-            "gauss": float(np_state["gauss"]),
-        },
-        "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
-    }
-
-
-def set_rng_state(state: dict[str, Any], device: torch.device) -> None:
-    py = state["python"]
-    random.setstate((py[0], tuple(py[1]), py[2]))
-    n = state["numpy"]
-    np.random.set_state(
-        {
-            "bit_generator": n["bit_generator"],
-            "state": {"key": np.array(n["key"], dtype=np.uint32), "pos": n["pos"]},
-            "has_gauss": n["has_gauss"],
-            "gauss": n["gauss"],
-        }
-    )
-    torch.set_rng_state(state["torch"].cpu())
-    if device.type == "cuda" and state.get("cuda") is not None:
-        torch.cuda.set_rng_state(state["cuda"].cpu(), device)
-
-
-def seed_all(seed: int, rank: int) -> None:
-    random.seed(seed * 1000 + rank)
-    np.random.seed((seed * 1000 + rank) % (2**32))
-    torch.manual_seed(seed)
+__all__ = ["Session", "lr_lambda_for", "rng_state", "seed_all", "set_rng_state"]
 
 
 class Session:
@@ -88,9 +50,8 @@ class Session:
         torch.manual_seed(cfg.seed)  # identical init on every rank
         self.model = TinyGPT(cfg).to(device)
         self.n_params = n_params(self.model)
-        self.net: torch.nn.Module = self.model
-        if env.distributed:
-            self.net = DDP(self.model, device_ids=[device.index] if device.type == "cuda" else None)
+        # FSDP shards the model in place (before the optimizer sees its parameters).
+        self.net: torch.nn.Module = parallel.wrap(self.model, cfg, env, device)
         self.opt = torch.optim.AdamW(
             self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95)
         )
@@ -207,84 +168,41 @@ class Session:
             "data": self.data_state(),
             "meta": self.meta(),
         }
-        if self.rank == 0:
+        if self.cfg.strategy == "fsdp":
+            sharded = parallel.sharded_state(self.model, self.opt, self.rank)
+            state["model"] = conv(sharded["model"], "model")
+            state["optimizer"] = conv(sharded["optimizer"], "optimizer")
+            state[SHARDS] = sharded[SHARDS]
+        elif self.rank == 0:
             state["model"] = conv(self.model.state_dict(), "model")
             state["optimizer"] = conv(self.opt.state_dict(), "optimizer")
+            state[SHARDS] = parallel.whole_shards(state, self.optimizer_param_names())
+        if self.rank == 0:
             state["scheduler"] = ck.clone_to_cpu(self.sched.state_dict())
         ck.copy_tensors(jobs)  # the bulk memcpy, split over the cores
         return state
 
-    def load(self, path: str, manifest: dict[str, Any]) -> dict[str, Any]:
-        """Load a verified checkpoint onto this rank. Raises CheckpointError."""
+    def load(
+        self,
+        path: str,
+        manifest: dict[str, Any],
+        expected: dict[str, Any] | None = None,
+        mismatch_code: str = Reason.INCONSISTENT_STATE,
+    ) -> dict[str, Any]:
+        """Load a verified checkpoint onto this rank (collective for sharded state).
+        Raises CheckpointError. ``expected``: the state fingerprint of the checkpoint
+        (the manifest's when None) that every slice read by byte range is checked
+        against; a mismatch raises ``mismatch_code``."""
         t0 = time.perf_counter()
-        ranks = {int(f["rank"]) for f in manifest["files"] if f.get("role") == "index"}
-        w_save = int(manifest["world_size"])
-        report: dict[str, Any] = {"files_verified": [], "bytes": 0, "notes": []}
-
-        def read(rank: int, into: dict[str, Any] | None = None) -> dict[str, Any]:
-            # sizes + sha256 of the index and every data file, checked while reading
-            obj, names, nbytes = ck.load_rank(path, manifest, rank, into)
-            report["bytes"] += nbytes
-            report["files_verified"] += names
-            missing = [k for k in ck.required_keys(rank) if k not in obj]
-            if missing:
-                raise ck.CheckpointError(
-                    Reason.MISSING_STATE,
-                    f"{names[0]}: required state {', '.join(missing)} missing",
-                )
-            return obj
-
-        if 0 not in ranks:
-            raise ck.CheckpointError(Reason.MISSING_FILE, "manifest lists no rank-0 index file")
-        # the weights are read straight into the parameters (load_state_dict then checks
-        # keys/shapes and copies nothing); on failure the session is unusable anyway
-        with torch.no_grad():
-            st0 = read(0, {"model": self.model.state_dict()})
-        try:
-            self.model.load_state_dict(st0["model"], strict=True)
-            # the loaded tensors are fresh private memory: no copy needed
-            self.opt.load_state_dict(st0["optimizer"])
-            self.sched.load_state_dict(st0["scheduler"])
-        except (RuntimeError, ValueError, KeyError) as exc:
-            msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise ck.CheckpointError(
-                Reason.LOAD_ERROR, f"state does not fit this config/model: {msg}"
-            ) from None
-        mine = st0 if self.rank == 0 else (read(self.rank) if self.rank in ranks else None)
-        if mine is not None:
-            set_rng_state(mine["rng"], self.device)
+        if self.cfg.strategy == "ddp" and ck.strategy_of(manifest) == "ddp":
+            report = restore.load_replicated(self, path, manifest)
         else:
-            seed_all(self.cfg.seed + int(st0["meta"]["step"]), self.rank)
-            torch.manual_seed(self.cfg.seed + 7919 * self.rank + int(st0["meta"]["step"]))
-            report["notes"].append(
-                f"rank {self.rank} has no saved RNG state (world size at save {w_save}); "
-                "seeded deterministically"
-            )
-        d = st0["data"]
-        self.step = int(st0["meta"]["step"])
-        self.samples_consumed = int(d["samples_consumed"])
-        g_save = int(d["global_batch"])
-        if self.world == w_save:
-            self.per_rank_batch = self.cfg.batch_size
-        elif g_save % self.world == 0:
-            self.per_rank_batch = g_save // self.world
-            report["notes"].append(
-                f"resharded {w_save} -> {self.world} ranks: per-rank batch "
-                f"{self.per_rank_batch} keeps the global batch {g_save}"
-            )
-        else:
-            self.per_rank_batch = self.cfg.batch_size
-            report["notes"].append(
-                f"resharded {w_save} -> {self.world} ranks: global batch {g_save} is not "
-                f"divisible by {self.world}; global batch becomes {self.global_batch}"
-            )
+            if expected is None:
+                expected = manifest.get("fingerprint")
+            report = restore.load_sharded(self, path, manifest, expected, mismatch_code)
         report.update(
-            step=self.step,
-            samples_consumed=self.samples_consumed,
-            world_size_at_save=w_save,
-            per_rank_batch=self.per_rank_batch,
-            global_batch=self.global_batch,
-            global_batch_at_save=g_save,
+            strategy=self.cfg.strategy,
+            strategy_at_save=ck.strategy_of(manifest),
             load_s=time.perf_counter() - t0,
         )
         return report

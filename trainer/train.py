@@ -68,6 +68,7 @@ def acceptance(
         "optimal_loss": session.source.optimal_loss,
         "target_loss": session.source.optimal_loss + cfg.target_epsilon,
         "precision": cfg.precision,
+        "strategy": cfg.strategy,
         "seed": cfg.seed,
         "model_params": session.n_params,
         "flops_per_token": session.flops_per_token(),
@@ -124,7 +125,9 @@ def load_resume_point(
     try:
         report = session.load(point.path, point.manifest)
     except ck.CheckpointError as exc:
-        error = f"[{exc.code}] rank {env.rank}: {exc.reason}"
+        # A collective error names the rank at fault itself (every rank raised it).
+        who = "" if exc.collective else f"rank {env.rank}: "
+        error = f"[{exc.code}] {who}{exc.reason}"
     errors = [e for e in dist.all_gather_object(error, env) if e]
     if errors:
         return str(errors[0])
@@ -141,6 +144,7 @@ def _manifest_extra(session: Session, device: torch.device) -> dict[str, Any]:
         "dataset_sha256": session.source.definition_sha256(),
         "versions": dist.versions(),
         "precision": cfg.precision,
+        "strategy": cfg.strategy,
         "device_type": device.type,
         "torch_threads": torch.get_num_threads(),
         "deterministic": bool(cfg.deterministic or device.type == "cpu"),
@@ -335,8 +339,10 @@ def train(
     env: dist.DistEnv,
     device: torch.device,
     backend: str | None,
+    strategy: str | None = None,
 ) -> int:
-    """Run training; returns the process exit code."""
+    """Run training; returns the process exit code. ``strategy`` overrides the config's
+    (e.g. resume an FSDP checkpoint as a DDP run)."""
     rank = env.rank
     point: ResumePoint | None = None
     if resume is not None:
@@ -349,6 +355,8 @@ def train(
             log(f"resume latest: {note}", rank)
         cfg = cfg or validate(point.manifest["config"])
     assert cfg is not None
+    if strategy is not None and strategy != cfg.strategy:
+        cfg = cfg.replace(strategy=strategy)
     if cfg.deterministic:
         dist.set_deterministic(device)
     session = Session(cfg, env, device)

@@ -1,10 +1,14 @@
 """One watcher cycle for one cluster: every kind of Slurm-tracked object (jobs, drills) in
 one ``squeue`` by job id, at most one ``sacct`` (or, without accounting, one listing of
-exit records) and one run-directory listing; while an sbatch's outcome is unknown or one
-went out recently, one more ``squeue`` and ``sacct`` by tag. Then SFTP reads of only the
-new bytes.
+exit records per account) and one run-directory listing per account whose jobs are read
+(run directories are readable by their own account only; Slurm is asked as the service
+account, which sees every user's jobs); while an sbatch's outcome is unknown or one
+went out recently, one more ``squeue`` and ``sacct`` by tag; while jobs are pending, one
+``squeue --start`` at most every ``PENDING_REFRESH_SECONDS`` (``jobs.pending_queue``).
+Then SFTP reads of only the new bytes.
 
-Cost in remote commands does not grow with the number of jobs. Safe to re-run anytime:
+Cost in remote commands does not grow with the number of jobs (only with the number of
+accounts whose files are read). Safe to re-run anytime:
 every change is a conditional update on the state it was read in. The cycle degrades
 rather than stops: what squeue said is applied even when sacct fails (sacct is then
 retried with back-off and the failure shown on the cluster), and one object's bad data
@@ -13,6 +17,7 @@ never aborts the others.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from dataclasses import dataclass, field
@@ -31,10 +36,11 @@ from jobs.lifecycle import (
     ACCOUNTING_NONE,
     ACCOUNTING_OK,
     SlurmLifecycle,
-    directory_evidence,
+    evidence_as_owners,
     slurm_views,
 )
 from jobs.models import Job
+from jobs.pending_queue import pending_estimates_refresh
 from jobs.rundir import jobs_to_read, run_files_read
 from nodes.cluster_access import slurm_client_for, transport_for
 from nodes.models import Cluster
@@ -42,7 +48,7 @@ from nodes.slurm import commands as slurm_commands
 from nodes.slurm import errors as slurm_errors
 from nodes.slurm.client import SlurmClient
 from nodes.slurm.errors import describe_cluster_error
-from nodes.slurm.transport import SshTransport
+from nodes.slurm.transport import pool_counters
 
 logger = logging.getLogger(__name__)
 
@@ -106,18 +112,21 @@ def _cycle(cluster: Cluster) -> ReconcileResult:
     if not any(objects for _, objects in tracked + risky) and not _has_files_to_read(cluster):
         _reconcile_done(cluster, result, now)
         return result
+    # squeue/sacct as the service account (every user's jobs); run directories as each
+    # object's own account (readable by it alone).
     client = slurm_client_for(cluster)
     transport = transport_for(cluster)
-    commands_before = transport.commands_run
-    ssh_seconds_before = transport.command_seconds
-    ssh_errors_before = transport.command_errors
+    login_node = transport.config.login_node
+    before = pool_counters(login_node)
     result.accounting = accounting_mode(cluster, now)
+    kind_of = {id(obj): kind for kind, objects in tracked for obj in objects}
     try:
-        _resolve_by_tag(cluster, client, transport, risky, result, now)
+        _resolve_by_tag(cluster, client, risky, result, now)
         views = slurm_views(
             client,
             transport,
             [(obj, kind.run_directory(obj)) for kind, objects in tracked for obj in objects],
+            owner_of=lambda obj: kind_of[id(obj)].transport_of(obj),
             accounting=result.accounting,
             early=frozenset(
                 obj.slurm_job_id
@@ -126,14 +135,17 @@ def _cycle(cluster: Cluster) -> ReconcileResult:
                 for obj in objects
             ),
         )
+        result.errors += views.errors
         if views.accounting == ACCOUNTING_DOWN and result.accounting == ACCOUNTING_OK:
             _accounting_failed(cluster, views.accounting_error, now, result)
         for kind, objects in tracked:
-            result.state_changes += kind.apply_views(objects, views, transport, now, result.errors)
+            result.state_changes += kind.apply_views(objects, views, now, result.errors)
+        # Pending jobs' expected start: at most one squeue --start, only while some wait.
+        result.errors += pending_estimates_refresh(cluster=cluster, client=client, now=now)
         # Jobs that just ended get their files read in this same cycle.
-        files = run_files_read(cluster=cluster, jobs=jobs_to_read(cluster), transport=transport)
+        files = run_files_read(cluster=cluster, jobs=jobs_to_read(cluster))
     except slurm_errors.SlurmError as error:
-        _count_ssh(result, transport, commands_before, ssh_seconds_before, ssh_errors_before)
+        _count_ssh(result, login_node, before)
         _reconcile_failed(cluster, result, now, describe_cluster_error(error))
         return result
     result.sftp_reads = files.sftp_reads
@@ -141,7 +153,7 @@ def _cycle(cluster: Cluster) -> ReconcileResult:
     result.metric_points = files.metric_points
     result.checkpoints = files.checkpoints
     result.errors += files.errors
-    _count_ssh(result, transport, commands_before, ssh_seconds_before, ssh_errors_before)
+    _count_ssh(result, login_node, before)
     if result.accounting == ACCOUNTING_OK:
         _accounting_answered(cluster)
     _reconcile_done(cluster, result, now)
@@ -149,21 +161,18 @@ def _cycle(cluster: Cluster) -> ReconcileResult:
 
 
 def _count_ssh(
-    result: ReconcileResult,
-    transport: SshTransport,
-    commands_before: int,
-    seconds_before: float,
-    errors_before: int,
+    result: ReconcileResult, login_node: tuple[str, int], before: tuple[int, float, int]
 ) -> None:
-    result.commands = transport.commands_run - commands_before
-    result.ssh_seconds = transport.command_seconds - seconds_before
-    result.ssh_errors = transport.command_errors - errors_before
+    """This cycle's SSH commands over every identity's connection to the login node."""
+    commands, seconds, errors = pool_counters(login_node)
+    result.commands = commands - before[0]
+    result.ssh_seconds = seconds - before[1]
+    result.ssh_errors = errors - before[2]
 
 
 def _resolve_by_tag(
     cluster: Cluster,
     client: SlurmClient,
-    transport: SshTransport,
     risky: list[tuple[SlurmLifecycle[Any], list[Any]]],
     result: ReconcileResult,
     now: datetime,
@@ -182,13 +191,13 @@ def _resolve_by_tag(
     if result.accounting == ACCOUNTING_OK and not lookup.accounting_ok:
         _accounting_failed(cluster, lookup.accounting_error, now, result)
     unknown = [
-        kind.run_directory(obj)
+        (kind.run_directory(obj), functools.partial(kind.transport_of, obj))
         for kind, group in risky
         for obj in group
         if obj.state == kind.SUBMIT_UNKNOWN
     ]
     evidence = (
-        directory_evidence(transport, unknown) if unknown and not lookup.accounting_ok else {}
+        evidence_as_owners(unknown, result.errors) if unknown and not lookup.accounting_ok else {}
     )
     for kind, group in risky:
         result.state_changes += kind.resolve_by_tag(group, lookup, evidence, client, now)

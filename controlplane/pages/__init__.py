@@ -10,13 +10,18 @@ from django.shortcuts import get_object_or_404, render
 
 from core.roles import is_operator
 from drills.selectors import drill_fleet_health
+from jobs.fleet_goodput import goodput_by_cluster_week
 from jobs.models import Job
 from jobs.selectors import job_get_for_user, job_list_for_user, jobs_on_node
+from jobs.work_at_risk import work_at_risk, work_at_risk_by_cluster
 from nodes.models import Cluster, Node
 from nodes.placement import placement_quality
 from nodes.placement_service import placement_inputs
 from nodes.selectors import cluster_health_list, cluster_list, switch_tree
 from nodes.slurm.hostlist import expand
+
+# How many ISO weeks the overview's goodput table shows, this one included.
+OVERVIEW_GOODPUT_WEEKS = 8
 
 
 def _overview_context(request: HttpRequest) -> dict[str, object]:
@@ -24,7 +29,14 @@ def _overview_context(request: HttpRequest) -> dict[str, object]:
     throughput = (
         jobs.filter(state=Job.State.RUNNING).aggregate(total=Sum("throughput_now"))["total"] or 0.0
     )
+    risks = work_at_risk(jobs=jobs)
     return {
+        "work_at_risk": sorted(
+            work_at_risk_by_cluster(risks).values(), key=lambda total: total.cluster
+        ),
+        "breaches": sorted(
+            (risk for risk in risks if risk.breached), key=lambda risk: -risk.proven.age_s
+        ),
         "throughput_now": throughput,
         "drill_health": drill_fleet_health(user=request.user),
         "cluster_health": cluster_health_list(),
@@ -47,7 +59,12 @@ def _overview_context(request: HttpRequest) -> dict[str, object]:
 
 @login_required
 def overview(request: HttpRequest) -> HttpResponse:
-    return render(request, "overview.html", _overview_context(request))
+    context = _overview_context(request)
+    # Not in the live part: it sums every metric point of the weeks shown.
+    context["goodput_weeks"] = goodput_by_cluster_week(
+        jobs=job_list_for_user(user=request.user), weeks=OVERVIEW_GOODPUT_WEEKS
+    )
+    return render(request, "overview.html", context)
 
 
 @login_required

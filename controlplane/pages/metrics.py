@@ -13,6 +13,15 @@ What is exported, every series labelled by cluster name:
 - ``gantry_running_jobs``, ``gantry_running_jobs_proven`` and
   ``gantry_running_jobs_proven_ratio``: running jobs, and those whose newest
   checkpoint a restore drill proved (the drills page's "proven share").
+- ``gantry_work_at_risk_gpu_hours{cluster,since}``: GPU-hours the running jobs would lose
+  if they died now, summed per cluster, ``since="proven"`` (the newest checkpoint a drill
+  proved) and ``since="written"`` (the newest written one); see ``jobs.work_at_risk``.
+- ``gantry_running_jobs_oldest_proven_age_seconds{cluster}``: the oldest "newest proven
+  checkpoint" among running jobs (since the start for a job without one); absent with none
+  running. ``gantry_proven_age_breaches{cluster}``: running jobs over the cluster's limit.
+- ``gantry_goodput_ratio{cluster}`` and ``gantry_goodput_seconds{cluster,bucket}``: the
+  goodput ledger (``jobs.goodput``) of the jobs that ended in the last 7 days or run now:
+  productive / wall, and the seconds of every bucket. Absent for a cluster without such jobs.
 - ``gantry_submit_backlog{cluster,kind}``: jobs and drills queued for, or in, submission
   (the Celery submit work; Gantry keeps it in the database, so no broker is asked).
 - ``gantry_cluster_*``: inventory sync and accounting (sacct) health from the cluster row.
@@ -24,8 +33,9 @@ What is exported, every series labelled by cluster name:
   are most of Gantry's SSH traffic).
 
 One custom collector on a private registry (not prometheus_client's global one, so
-nothing else in the process leaks in) runs a fixed number of aggregate queries per
-scrape, however many jobs and drills there are: four to the database and one cache read.
+nothing else in the process leaks in) runs a fixed number of queries per scrape, however
+many jobs and drills there are: seven or eight to the database (the goodput window reads
+the ends of jobs resumed from outside it only when there are such) and one cache read.
 """
 
 from __future__ import annotations
@@ -35,12 +45,13 @@ import ipaddress
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db.models import Count, OuterRef, Q, Subquery
 from django.db.models.functions import Coalesce
 from django.http import HttpRequest, HttpResponse
+from django.utils import timezone
 from django.views.decorators.http import require_GET
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -53,7 +64,10 @@ from prometheus_client.registry import CollectorRegistry
 
 from core import worker_stats
 from drills.models import RestoreDrill
+from jobs import goodput
+from jobs.fleet_goodput import goodput_by_cluster
 from jobs.models import Checkpoint, Job
+from jobs.work_at_risk import ClusterRisk, work_at_risk, work_at_risk_by_cluster
 from nodes.models import Cluster
 
 logger = logging.getLogger(__name__)
@@ -61,6 +75,8 @@ logger = logging.getLogger(__name__)
 SUBMIT_BACKLOG_JOB_STATES = (Job.State.QUEUED, Job.State.SUBMITTING)
 SUBMIT_BACKLOG_DRILL_STATES = (RestoreDrill.State.QUEUED, RestoreDrill.State.SUBMITTING)
 NO_VERDICT = "none"
+# The goodput ratio covers the jobs that ended this recently, and those running.
+GOODPUT_WINDOW = timedelta(days=7)
 
 
 @dataclass
@@ -85,10 +101,14 @@ class FleetSnapshot:
     # cluster id -> (running, proven)
     running_jobs: dict[int, tuple[int, int]] = field(default_factory=dict)
     worker: dict[int, dict[str, int]] = field(default_factory=dict)
+    risk: dict[int, ClusterRisk] = field(default_factory=dict)
+    # cluster id -> the oldest proven-checkpoint age among its running jobs
+    oldest_proven_age: dict[int, float] = field(default_factory=dict)
+    goodput: dict[int, goodput.Ledger] = field(default_factory=dict)
 
 
 def fleet_snapshot() -> FleetSnapshot:
-    """Everything /metrics exports, in four aggregate queries and one cache read."""
+    """Everything /metrics exports, in a fixed number of queries and one cache read."""
     snapshot = FleetSnapshot()
     for row in Cluster.objects.order_by().values(
         "id",
@@ -139,6 +159,15 @@ def fleet_snapshot() -> FleetSnapshot:
     for running_row in running:
         counts = (running_row["running"], running_row["proven"])
         snapshot.running_jobs[running_row["cluster_id"]] = counts
+    risks = work_at_risk(jobs=Job.objects.all())
+    snapshot.risk = work_at_risk_by_cluster(risks)
+    for risk in risks:
+        oldest = snapshot.oldest_proven_age.get(risk.cluster_id, 0.0)
+        snapshot.oldest_proven_age[risk.cluster_id] = max(oldest, risk.proven.age_s)
+    now = timezone.now()
+    snapshot.goodput = goodput_by_cluster(
+        jobs=Job.objects.all(), since=now - GOODPUT_WINDOW, now=now
+    )
     snapshot.worker = worker_stats.worker_stats_for_clusters(list(snapshot.clusters))
     return snapshot
 
@@ -154,6 +183,8 @@ class GantryCollector:
         snapshot = fleet_snapshot()
         yield from _job_metrics(snapshot)
         yield from _drill_metrics(snapshot)
+        yield from _risk_metrics(snapshot)
+        yield from _goodput_metrics(snapshot)
         yield from _cluster_metrics(snapshot)
         yield from _worker_metrics(snapshot)
 
@@ -213,6 +244,57 @@ def _drill_metrics(snapshot: FleetSnapshot) -> Iterator[Metric]:
         if cluster is not None:
             drills.add_metric([cluster.name, state, verdict], count)
     yield drills
+
+
+def _risk_metrics(snapshot: FleetSnapshot) -> Iterator[Metric]:
+    at_risk = GaugeMetricFamily(
+        "gantry_work_at_risk_gpu_hours",
+        "GPU-hours running jobs would lose if they died now, since their newest proven "
+        '(since="proven") or newest written (since="written") checkpoint.',
+        labels=["cluster", "since"],
+    )
+    oldest = GaugeMetricFamily(
+        "gantry_running_jobs_oldest_proven_age_seconds",
+        "Age of the oldest newest-proven-checkpoint among running jobs (since the start "
+        "for a job without one); absent with none running.",
+        labels=["cluster"],
+    )
+    breaches = GaugeMetricFamily(
+        "gantry_proven_age_breaches",
+        "Running jobs whose newest proven checkpoint is older than the cluster allows.",
+        labels=["cluster"],
+    )
+    for cluster_id, row in snapshot.clusters.items():
+        risk = snapshot.risk.get(cluster_id, ClusterRisk(cluster=row.name))
+        at_risk.add_metric([row.name, "proven"], risk.since_proven_gpu_hours)
+        at_risk.add_metric([row.name, "written"], risk.since_written_gpu_hours)
+        breaches.add_metric([row.name], risk.breaches)
+        if cluster_id in snapshot.oldest_proven_age:
+            oldest.add_metric([row.name], snapshot.oldest_proven_age[cluster_id])
+    yield from (at_risk, oldest, breaches)
+
+
+def _goodput_metrics(snapshot: FleetSnapshot) -> Iterator[Metric]:
+    ratio = GaugeMetricFamily(
+        "gantry_goodput_ratio",
+        "Effective training time ratio (productive / wall) of the jobs that ended in the "
+        "last 7 days or run now; absent without such jobs.",
+        labels=["cluster"],
+    )
+    seconds = GaugeMetricFamily(
+        "gantry_goodput_seconds",
+        "Where the wall time of those jobs went, per goodput bucket.",
+        labels=["cluster", "bucket"],
+    )
+    for cluster_id, ledger in sorted(snapshot.goodput.items()):
+        cluster = snapshot.clusters.get(cluster_id)
+        if cluster is None:
+            continue
+        if ledger.ratio is not None:
+            ratio.add_metric([cluster.name], ledger.ratio)
+        for bucket in goodput.BUCKETS:
+            seconds.add_metric([cluster.name, bucket], ledger.buckets[bucket])
+    yield from (ratio, seconds)
 
 
 def _cluster_metrics(snapshot: FleetSnapshot) -> Iterator[Metric]:

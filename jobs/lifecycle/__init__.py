@@ -31,6 +31,7 @@ from jobs.lifecycle.views import (
     DirectoryEvidence,
     SlurmViews,
     directory_evidence,
+    evidence_as_owners,
     slurm_views,
 )
 from jobs.lifecycle.watch import Watching
@@ -52,6 +53,7 @@ __all__ = [
     "SlurmViews",
     "WontSubmit",
     "directory_evidence",
+    "evidence_as_owners",
     "is_final_phase",
     "slurm_error_as_application_error",
     "slurm_phase",

@@ -4,6 +4,7 @@ different from other kinds, and the one primitive every change goes through
 
 from __future__ import annotations
 
+import logging
 from datetime import datetime
 from typing import Any, ClassVar, Generic, TypeVar
 
@@ -11,8 +12,12 @@ from django.db.models import QuerySet
 
 from controlplane.tasknames import task_send
 from jobs.models import SlurmTracked
+from nodes.cluster_access import slurm_client_as, transport_as
+from nodes.slurm.client import SlurmClient
 from nodes.slurm.parsers import SlurmJob
 from nodes.slurm.transport import SshTransport
+
+logger = logging.getLogger(__name__)
 
 Tracked = TypeVar("Tracked", bound=SlurmTracked)
 
@@ -62,6 +67,29 @@ class SlurmKind(Generic[Tracked]):
         """Where the object's Slurm job writes its output and exit record."""
         raise NotImplementedError
 
+    def run_as(self, obj: Tracked) -> str:
+        """The cluster account the object's Slurm job runs as, and whose files it writes
+        (``""``: the cluster's service account, for work from before per-user identities
+        and clusters in service-account mode)."""
+        raise NotImplementedError
+
+    # ---------------------------------------------------------------- identities
+
+    def transport_of(self, obj: Tracked) -> SshTransport:
+        """The connection as the object's account: its files, its sbatch, its scancel."""
+        return transport_as(obj.cluster, self.run_as(obj))
+
+    def client_of(self, obj: Tracked) -> SlurmClient:
+        return slurm_client_as(obj.cluster, self.run_as(obj))
+
+    def owned(self, obj: Tracked, found: list[SlurmJob]) -> list[SlurmJob]:
+        """The Slurm jobs carrying the object's tag that run as its account. Tags are
+        visible to every user in squeue; a job another account submitted with the same
+        name is not ours to adopt (or to count as a duplicate). A job whose user Slurm did
+        not report is kept: never miss our own job (exactly once) for want of a name."""
+        account = self.run_as(obj) or obj.cluster.ssh_user
+        return [job for job in found if not job.user or job.user == account]
+
     def record(
         self,
         obj: Tracked,
@@ -96,11 +124,10 @@ class SlurmKind(Generic[Tracked]):
         """Neither squeue nor sacct knows the Slurm job any more; True if a change applied."""
         raise NotImplementedError
 
-    def finished(
-        self, obj: Tracked, record: SlurmJob, transport: SshTransport, now: datetime
-    ) -> bool:
+    def finished(self, obj: Tracked, record: SlurmJob, now: datetime) -> bool:
         """The Slurm job ended (``record``: accounting's, or one built from the queue and
-        the run directory's exit record); True if a change applied."""
+        the run directory's exit record); True if a change applied. Files it reads are
+        read as the object's account (``transport_of``)."""
         raise NotImplementedError
 
     def state_for(self, phase: str) -> str:
@@ -135,6 +162,9 @@ class SlurmKind(Generic[Tracked]):
         ):
             return False
         self.record(obj, "state", from_state=from_state, to_state=to_state, message=message)
+        # The line a quiet console (make run) prints for every state change.
+        suffix = f" ({message})" if message else ""
+        logger.info("%s %s: %s -> %s%s", self.noun, obj.id, from_state, to_state, suffix)
         obj.state = to_state
         for key, value in values.items():
             setattr(obj, key, value)

@@ -23,7 +23,7 @@ from core.errors import ApplicationError, ConflictError
 from core.faults import faultpoint
 from jobs.lifecycle.kind import SlurmKind, Tracked, WontSubmit
 from jobs.lifecycle.phases import Phase, slurm_phase
-from nodes.cluster_access import slurm_client_for, transport_for
+from nodes.cluster_access import slurm_client_for
 from nodes.models import Cluster
 from nodes.services import cluster_reconcile_soon
 from nodes.slurm import commands as slurm_commands
@@ -37,6 +37,10 @@ logger = logging.getLogger(__name__)
 # sbatch errors after which Slurm may or may not hold the job: the command was sent and
 # its answer was lost, or the controller timed out answering (it may have queued the job).
 OUTCOME_UNKNOWN_ERRORS = (slurm_errors.SshOutcomeUnknown, slurm_errors.SlurmControllerUnavailable)
+# Logging in as the object's account failed for good (the login node does not trust the CA,
+# the account does not exist there, no credential): the object cannot run until a person
+# fixes that, and it says so instead of waiting.
+IDENTITY_ERRORS = (slurm_errors.SshAuthenticationError, slurm_errors.SshConfigurationError)
 
 
 def slurm_error_as_application_error(what: str, error: slurm_errors.SlurmError) -> ApplicationError:
@@ -85,9 +89,12 @@ class Submission(SlurmKind[Tracked]):
         faultpoint(f"{self.faultpoint_prefix}.after_claim")
         obj = self.for_submit().get(id=object_id)
         self.claimed(obj)
+        # The tag lookup sees every user's jobs: the service account (Slurm operator).
         client = slurm_client_for(obj.cluster)
         tag = slurm_commands.job_tag(obj.id)
-        existing = client.find_jobs_by_tag(tag, since=obj.created_at - timedelta(minutes=5))
+        existing = self.owned(
+            obj, client.find_jobs_by_tag(tag, since=obj.created_at - timedelta(minutes=5))
+        )
         if existing:
             self.adopt(obj, existing, client=client)
             return f"adopted Slurm job {existing[0].job_id}"
@@ -96,13 +103,25 @@ class Submission(SlurmKind[Tracked]):
             # Slurm may still be about to queue it. Only the watcher may decide it is absent.
             self.outcome_unknown(obj, "an earlier sbatch was sent and its answer never came back")
             return "outcome of an earlier sbatch unknown; the watcher will resolve it"
+        # Everything else runs as the object's account: its files, its sbatch.
         try:
-            script_path = self.prepare(obj, transport_for(obj.cluster))
+            transport = self.transport_of(obj)
+            if self.run_as(obj):
+                transport.connect()
+        except IDENTITY_ERRORS as error:
+            reason = (
+                f"Gantry could not log in to {obj.cluster.name} as {self.run_as(obj)}: "
+                f"{describe_cluster_error(error)}"
+            )
+            self.refused(obj, reason)
+            return f"not submitted: {reason}"
+        try:
+            script_path = self.prepare(obj, transport)
         except WontSubmit as stop:
             self.declined(obj, stop)
             return f"not submitted: {stop.reason}"
         faultpoint(f"{self.faultpoint_prefix}.before_sbatch")
-        return self._send_sbatch(obj, client, script_path, tag)
+        return self._send_sbatch(obj, self.client_of(obj), script_path, tag)
 
     def _send_sbatch(self, obj: Tracked, client: SlurmClient, script_path: str, tag: str) -> str:
         sent_at = timezone.now()
@@ -241,7 +260,8 @@ class Submission(SlurmKind[Tracked]):
                 f"The {self.noun} is being submitted right now; try again in a moment."
             )
         try:
-            slurm_client_for(obj.cluster).cancel(obj.slurm_job_id)
+            # As the object's account, whoever asked: the audit event names the actor.
+            self.client_of(obj).cancel(obj.slurm_job_id)
         except slurm_errors.SlurmError as error:
             raise slurm_error_as_application_error("Could not cancel", error) from None
         with transaction.atomic():

@@ -8,9 +8,11 @@ cluster without accounting, or one whose ``sacct`` is down, still sees jobs fini
 
 from __future__ import annotations
 
+import functools
 import json
+import logging
 import shlex
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -22,6 +24,8 @@ from nodes.slurm.client import SlurmClient
 from nodes.slurm.errors import describe_cluster_error
 from nodes.slurm.parsers import SlurmJob
 from nodes.slurm.transport import SshTransport
+
+logger = logging.getLogger(__name__)
 
 # Accounting, per cycle: answered, failed (retried later), or the cluster has none.
 ACCOUNTING_OK = "ok"
@@ -74,6 +78,35 @@ def directory_evidence(
     return found
 
 
+# How to reach an object's run directory: its account's transport, resolved when needed.
+OwnerTransport = Callable[[], SshTransport]
+
+
+def evidence_as_owners(
+    items: Sequence[tuple[str, OwnerTransport]], errors: list[str]
+) -> dict[str, DirectoryEvidence]:
+    """``directory_evidence`` of run directories owned by several accounts (each readable
+    only by its own): one listing per account. The directories of an account Gantry could
+    not log in as are missing from the result (unknown, never "empty": no proof of
+    absence may rest on them) and listed in ``errors``; the others still show."""
+    found: dict[str, DirectoryEvidence] = {}
+    groups: dict[int, tuple[SshTransport, list[str]]] = {}
+    for directory, owner in items:
+        try:
+            transport = owner()
+        except slurm_errors.SlurmError as error:
+            errors.append(f"{directory}: {error}")
+            continue
+        groups.setdefault(id(transport), (transport, []))[1].append(directory)
+    for transport, directories in groups.values():
+        try:
+            found.update(directory_evidence(transport, directories))
+        except slurm_errors.SlurmError as error:
+            logger.warning("listing run directories as %s failed: %s", transport.config.user, error)
+            errors.append(f"run directories of {transport.config.user}: {error}")
+    return found
+
+
 @dataclass
 class SlurmViews:
     """What Slurm says about a set of tracked objects, read once per watcher cycle."""
@@ -84,6 +117,8 @@ class SlurmViews:
     accounting_error: str = ""
     # Exit records by Slurm job id (read when accounting is not usable).
     exits: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # Run directories that could not be read this cycle, and why.
+    errors: list[str] = field(default_factory=list)
 
     @property
     def accounting_ok(self) -> bool:
@@ -97,13 +132,17 @@ def slurm_views(
     *,
     accounting: str = ACCOUNTING_OK,
     early: frozenset[str] = frozenset(),
+    owner_of: Callable[[SlurmTracked], SshTransport] | None = None,
 ) -> SlurmViews:
     """One ``squeue`` for every tracked Slurm job; for those that left the queue or show a
     final state there (squeue's view lacks the true exit code), one ``sacct`` — or, when the
     cluster has no accounting (``ACCOUNTING_NONE``) or sacct is down (``ACCOUNTING_DOWN``:
     backing off, or it just failed), one listing of their run directories' exit records.
 
-    ``tracked``: (object, its run directory). A failing sacct does not hide what squeue
+    ``tracked``: (object, its run directory). ``client`` and ``transport`` are the service
+    account's (it sees every user's jobs); ``owner_of`` gives the transport of an object's
+    own account, which reads its run directory (``transport`` when not given). A failing
+    sacct does not hide what squeue
     said: the views carry the error instead, and the exit records. ``early``: Slurm job ids
     that may finish from their exit record; when sacct has no final record of one yet (it
     lags), the same listing reads its exit record in this cycle.
@@ -138,7 +177,10 @@ def slurm_views(
             ]
             if not need:
                 return views
-    evidence = directory_evidence(transport, [directory for _, directory in need])
+    resolve = owner_of or (lambda _obj: transport)
+    evidence = evidence_as_owners(
+        [(directory, functools.partial(resolve, obj)) for obj, directory in need], views.errors
+    )
     for item in evidence.values():
         views.exits.update(item.exits)
     return views

@@ -22,7 +22,6 @@ from nodes.slurm import commands as slurm_commands
 from nodes.slurm import errors as slurm_errors
 from nodes.slurm.client import SlurmClient, TagLookup
 from nodes.slurm.parsers import SlurmJob
-from nodes.slurm.transport import SshTransport
 
 logger = logging.getLogger(__name__)
 
@@ -92,7 +91,7 @@ class Watching(Submission[Tracked]):
         """Adopt or prove absent what is ``submit_unknown``; cancel extra Slurm jobs."""
         changes = 0
         for obj in objects:
-            found = lookup.found.get(slurm_commands.job_tag(obj.id), [])
+            found = self.owned(obj, lookup.found.get(slurm_commands.job_tag(obj.id), []))
             try:
                 if obj.state == self.SUBMIT_UNKNOWN:
                     changes += self._resolve_unknown(obj, found, lookup, evidence, client, now)
@@ -119,10 +118,13 @@ class Watching(Submission[Tracked]):
         waited = (now - sent).total_seconds()
         if waited < settings.SUBMIT_UNKNOWN_GRACE_SECONDS:
             return 0
-        ran_here = evidence.get(self.run_directory(obj), DirectoryEvidence()).outputs
+        # None: its run directory could not be read (no proof may rest on that).
+        listed = evidence.get(self.run_directory(obj))
         if lookup.accounting_ok:
             proof = "neither squeue nor sacct knows a Slurm job with its tag"
-        elif obj.cluster.accounting_available is False and not ran_here:
+        elif (
+            obj.cluster.accounting_available is False and listed is not None and not listed.outputs
+        ):
             # No accounting on this cluster: a Slurm job that ran wrote its output file.
             proof = "squeue knows no Slurm job with its tag and none wrote output in its directory"
         else:
@@ -156,21 +158,23 @@ class Watching(Submission[Tracked]):
         self,
         objects: Sequence[Tracked],
         views: SlurmViews,
-        transport: SshTransport,
         now: datetime,
         errors: list[str],
     ) -> int:
         """Apply what Slurm says to each object; returns the number of changes.
 
-        One object's bad data never stops the others: its error is logged and listed.
+        One object's bad data never stops the others: its error is logged and listed. So
+        does a failure to read one object's files as its account (a refused login of one
+        user never stops the watcher for the others); that object is tried next cycle.
         """
         changes = 0
         seen: list[Any] = []
         for obj in objects:
             try:
-                changes += self._apply_view(obj, views, transport, now, seen)
-            except slurm_errors.SlurmError:
-                raise
+                changes += self._apply_view(obj, views, now, seen)
+            except slurm_errors.SlurmError as error:
+                logger.warning("%s %s: reading its files failed: %s", self.noun, obj.id, error)
+                errors.append(f"{self.noun} {obj.id}: {error}")
             except Exception as error:
                 logger.exception("%s %s: applying Slurm's view failed", self.noun, obj.id)
                 errors.append(f"{self.noun} {obj.id}: {type(error).__name__}: {error}")
@@ -183,7 +187,6 @@ class Watching(Submission[Tracked]):
         self,
         obj: Tracked,
         views: SlurmViews,
-        transport: SshTransport,
         now: datetime,
         seen: list[Any],
     ) -> int:
@@ -197,12 +200,12 @@ class Watching(Submission[Tracked]):
             if queued is None:
                 seen.append(obj.id)
             if is_final_phase(record.state):
-                return int(self.finished(obj, record, transport, now))
+                return int(self.finished(obj, record, now))
         # Without accounting, or (kinds that finish early) before sacct has caught up.
         exit_record = views.exits.get(obj.slurm_job_id)
         if exit_record is not None:
             built = self._refine(obj, record_from_exit(obj.slurm_job_id, queued, exit_record))
-            return int(self.finished(obj, built, transport, now))
+            return int(self.finished(obj, built, now))
         if record is not None:
             return self._apply_active(obj, record)
         if queued is None and (views.accounting_ok or views.accounting == ACCOUNTING_NONE):

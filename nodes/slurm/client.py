@@ -26,6 +26,7 @@ from nodes.slurm.parsers import (
     ClusterInfo,
     Inventory,
     Partition,
+    PendingStart,
     SlurmJob,
     SlurmNode,
     parse_config,
@@ -36,6 +37,7 @@ from nodes.slurm.parsers import (
     parse_scontrol_nodes,
     parse_sinfo_json,
     parse_squeue_json,
+    parse_squeue_start,
     parse_squeue_text,
     parse_topology,
     parse_version,
@@ -225,6 +227,15 @@ class SlurmClient:
         wanted = set(ids)
         return {job.job_id: job for job in jobs if job.job_id in wanted}
 
+    def pending_starts(self, partitions: Iterable[str] | None = None) -> list[PendingStart]:
+        """Every pending job of ``partitions`` with its expected start and priority: one
+        ``squeue --start``, however many jobs wait (theirs and everyone else's, which the
+        queue positions need)."""
+        result = self.transport.exec(commands.squeue_start(partitions), check=False)
+        if result.rc != 0:
+            raise command_error(result.argv, result.rc, result.stdout, result.stderr)
+        return parse_squeue_start(result.stdout)
+
     def job_details(self, job_id: str | int) -> SlurmJob | None:
         """``scontrol show job``: None once Slurm has forgotten the job."""
         result = self.transport.exec(commands.scontrol_show_job(job_id), check=False)
@@ -295,6 +306,15 @@ class SlurmClient:
         """
         argv = commands.sbatch_parsable(script_path, tag=tag, **options)
         return parse_sbatch_parsable(self._run(argv))
+
+    def hold(self, job_id: str | int) -> None:
+        """``scontrol hold``: the pending job stays pending until released. Slurm accepts
+        it for a running job too (and changes nothing then): callers check the state."""
+        self._run(commands.job_hold(job_id))
+
+    def release(self, job_id: str | int) -> None:
+        """``scontrol release``; releasing a job that is not held is not an error."""
+        self._run(commands.job_release(job_id))
 
     def cancel(self, job_id: str | int) -> None:
         """``scancel``; cancelling a job that already ended is not an error."""

@@ -14,7 +14,12 @@ import uuid
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 
-from nodes.slurm.parsers import SACCT_TEXT_FIELDS, SINFO_TEXT_FORMAT, SQUEUE_TEXT_FORMAT
+from nodes.slurm.parsers import (
+    SACCT_TEXT_FIELDS,
+    SINFO_TEXT_FORMAT,
+    SQUEUE_START_FORMAT,
+    SQUEUE_TEXT_FORMAT,
+)
 
 TAG_PREFIX = "gantry-"
 
@@ -158,6 +163,18 @@ def squeue_text(
     return argv
 
 
+def squeue_start(partitions: Iterable[str] | None = None) -> list[str]:
+    """Every pending job (of the given partitions) with the scheduler's expected start time
+    and its priority, as ``|``-separated lines: one command for any number of jobs."""
+    argv = [*_EPOCH_TIMES, "squeue", "--all", "--noheader", "--start", "--states=PENDING"]
+    if partitions is not None:
+        names = sorted({check_partition(name) for name in partitions})
+        if not names:
+            raise ValueError("at least one partition is required")
+        argv.append("--partition=" + ",".join(names))
+    return [*argv, "--format", SQUEUE_START_FORMAT]
+
+
 def _since(start: datetime | None) -> list[str]:
     return [] if start is None else ["--starttime", start.strftime("%Y-%m-%dT%H:%M:%S")]
 
@@ -295,6 +312,16 @@ def scancel(job_id: str | int, *, signal: str | None = None) -> list[str]:
         argv.append("--signal=" + _check(re.compile(r"^[A-Z0-9]{1,10}$"), signal, "signal"))
     argv.append(check_job_id(job_id))
     return argv
+
+
+def job_hold(job_id: str | int) -> list[str]:
+    """``scontrol hold <id>``: a pending job stays pending (priority 0) until released."""
+    return ["scontrol", "hold", check_job_id(job_id)]
+
+
+def job_release(job_id: str | int) -> list[str]:
+    """``scontrol release <id>``: a held job may be scheduled again."""
+    return ["scontrol", "release", check_job_id(job_id)]
 
 
 NODE_STATES = ("drain", "resume", "undrain")

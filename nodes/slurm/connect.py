@@ -10,6 +10,7 @@ from pathlib import Path
 
 import paramiko
 
+from nodes.slurm.certificates import CertificateSpec
 from nodes.slurm.errors import (
     HostKeyMismatch,
     HostKeyUnknown,
@@ -38,6 +39,8 @@ class SshConfig:
     host: str
     port: int
     user: str
+    # A private key file (the service account, or a per-user key Gantry made), or "" when
+    # ``certificate`` says how to sign a short-lived certificate for each connection.
     key_path: str
     known_hosts_path: str
     connect_timeout: float = 10
@@ -45,16 +48,38 @@ class SshConfig:
     keepalive: int = 15
     # When set, the server key's SHA256 fingerprint must also equal it.
     expected_fingerprint: str | None = None
+    certificate: CertificateSpec | None = None
 
     @property
     def endpoint(self) -> str:
         return f"{self.user}@{self.host}:{self.port}"
 
+    @property
+    def login_node(self) -> tuple[str, int]:
+        """The login node this connects to: connection limits count per login node."""
+        return (self.host, self.port)
 
-def open_client(config: SshConfig) -> tuple[paramiko.SSHClient, str]:
+    @property
+    def credential(self) -> str:
+        """How this config authenticates, in words (never the key itself)."""
+        if self.certificate is not None:
+            return (
+                f"a certificate for principal {self.certificate.principal!r} signed by "
+                "Gantry's user CA"
+            )
+        return f"key {self.key_path}"
+
+
+def open_client(
+    config: SshConfig, key: paramiko.PKey | None = None
+) -> tuple[paramiko.SSHClient, str]:
     """A new authenticated connection whose host key is the pinned one, and that key's
-    fingerprint."""
-    key = load_private_key(config.key_path)
+    fingerprint. ``key``: the key to log in with (with its certificate loaded, for
+    certificate logins); by default the private key file of ``config``."""
+    if key is None:
+        if config.certificate is not None:
+            raise SshConfigurationError("a certificate login needs its signed key")
+        key = load_private_key(config.key_path)
     client = _client_with_pinned_keys(config)
     try:
         client.connect(
@@ -115,9 +140,15 @@ def _connect_error(config: SshConfig, exc: BaseException) -> SshError:
             fingerprint_expected=expected,
         )
     if isinstance(exc, paramiko.AuthenticationException):
+        hint = ""
+        if config.certificate is not None:
+            hint = (
+                f" (does the login node trust Gantry's user CA: TrustedUserCAKeys in its "
+                f"sshd_config, and does the account {config.user!r} exist there?)"
+            )
         return SshAuthenticationError(
             f"{where} refused key authentication for user {config.user!r} "
-            f"with key {config.key_path}: {exc}"
+            f"with {config.credential}: {exc}{hint}"
         )
     if isinstance(exc, socket.gaierror):
         return SshConfigurationError(f"cannot resolve host {config.host!r}: {exc}")

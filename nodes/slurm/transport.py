@@ -1,24 +1,21 @@
-"""SSH transport to a cluster's login host: pinned host key, key auth, one pooled
-connection per cluster per process, exec with stdin, SFTP.
+"""SSH transport to a cluster's login host: pinned host key, key or certificate auth,
+exec with stdin, SFTP (``nodes.slurm.sftp``); and the pool: one connection per login
+identity (the service account, each cluster account Gantry acts as) per process, closed
+when idle, at most so many per login node.
 
 Failures become ``nodes.slurm.errors`` classes: a dead link is retried once
 transparently (only where no command can have run twice), then surfaces as
 ``SshTransientError``; host key, authentication and configuration problems are
-permanent errors with a plain-words message.
+permanent errors with a plain-words message. A certificate the login node refuses (it
+expired by the node's clock, the CA changed) is signed again once.
 """
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import logging
 import os
-import posixpath
-import secrets
 import select
 import shlex
-import socket
-import stat as stat_module
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -27,16 +24,17 @@ from typing import TypeVar
 
 import paramiko
 
+from nodes.slurm.certificates import CertificateSpec, SignedKey, signed_key
 from nodes.slurm.connect import LINK_ERRORS, SshConfig, open_client
 from nodes.slurm.errors import (
-    RemoteFileNotFound,
-    SftpError,
+    SshAuthenticationError,
     SshCommandTimeout,
     SshError,
     SshOutcomeUnknown,
     SshTransientError,
     command_error,
 )
+from nodes.slurm.sftp import SftpOperations, StatResult
 
 logger = logging.getLogger(__name__)
 
@@ -51,26 +49,18 @@ class ExecResult:
     stderr: str
 
 
-@dataclass(frozen=True)
-class StatResult:
-    path: str
-    size: int
-    mtime: float
-    mode: int
-
-    @property
-    def is_dir(self) -> bool:
-        return stat_module.S_ISDIR(self.mode)
+__all__ = ["ExecResult", "PoolLimits", "SshTransport", "StatResult", "close_all", "get_transport"]
 
 
-class SshTransport:
+class SshTransport(SftpOperations):
     """One SSH connection (and one SFTP session on it), reused, thread-safe.
 
     Counters: ``connections_opened``, ``commands_run``, ``sftp_operations``,
     ``bytes_read`` (stdout+stderr+SFTP reads), for the per-cycle performance goals;
     ``command_seconds`` (wall time of commands, from opening the channel to the exit
     status) and ``command_errors`` (commands that failed at the SSH level: no link, a
-    timeout, an unknown outcome; not a non-zero exit), which callers export as metrics.
+    timeout, an unknown outcome; not a non-zero exit), which callers export as metrics;
+    ``certificates_signed`` and ``idle_closes``.
     """
 
     def __init__(self, config: SshConfig) -> None:
@@ -78,12 +68,23 @@ class SshTransport:
         self._lock = threading.RLock()
         self._client: paramiko.SSHClient | None = None
         self._sftp: paramiko.SFTPClient | None = None
+        # The certificate (and the in-memory key it certifies) reconnects reuse while it
+        # has some life left; refused or near its end, a new one is signed.
+        self._signed: SignedKey | None = None
+        # Operations in flight (exec channels run outside the lock) and when the last ended:
+        # the pool closes only connections that are idle.
+        self._active = 0
+        self.last_used = time.monotonic()
+        # Set by the pool: makes room under the per-login-node limit before connecting.
+        self.before_connect: Callable[[SshTransport], None] | None = None
         self.connections_opened = 0
         self.commands_run = 0
         self.command_seconds = 0.0
         self.command_errors = 0
         self.sftp_operations = 0
         self.bytes_read = 0
+        self.certificates_signed = 0
+        self.idle_closes = 0
         self.server_fingerprint: str | None = None
 
     # ------------------------------------------------------------ connection
@@ -130,15 +131,94 @@ class SshTransport:
         return self._client
 
     def _open(self) -> paramiko.SSHClient:
-        client, seen = open_client(self.config)
+        if self.before_connect is not None:
+            self.before_connect(self)
+        spec = self.config.certificate
+        if spec is None:
+            client, seen = open_client(self.config)
+        else:
+            client, seen = self._open_with_certificate(spec)
         self.server_fingerprint = seen
         self.connections_opened += 1
         return client
+
+    def _open_with_certificate(self, spec: CertificateSpec) -> tuple[paramiko.SSHClient, str]:
+        signed = self._signed
+        margin = min(60.0, spec.valid_seconds / 4)
+        fresh = signed is None or signed.valid_before - time.time() < margin
+        if fresh or signed is None:
+            signed = self._sign(spec)
+        try:
+            return open_client(self.config, signed.key)
+        except SshAuthenticationError:
+            if fresh:
+                raise
+            # The login node refused the certificate we held (expired by its clock, or the
+            # CA was replaced): sign a new one, once.
+            logger.info(
+                "%s refused certificate serial %s; signing a new one",
+                self.config.endpoint,
+                signed.serial,
+            )
+            return open_client(self.config, self._sign(spec).key)
+
+    def _sign(self, spec: CertificateSpec) -> SignedKey:
+        self._signed = signed_key(spec)
+        self.certificates_signed += 1
+        logger.info(
+            "signed a %d s certificate for %s (serial %s)",
+            spec.valid_seconds,
+            self.config.endpoint,
+            self._signed.serial,
+        )
+        return self._signed
+
+    @property
+    def idle(self) -> bool:
+        return self._active == 0
+
+    def close_if_idle(self, max_idle_seconds: float | None = None) -> bool:
+        """Close the connection if no operation uses it (and, with ``max_idle_seconds``,
+        none did for that long); never waits for a busy one. True if it closed one."""
+        if not self._lock.acquire(blocking=False):
+            return False
+        try:
+            if self._active or not self.connected:
+                return False
+            if (
+                max_idle_seconds is not None
+                and time.monotonic() - self.last_used < max_idle_seconds
+            ):
+                return False
+            self._drop()
+            self.idle_closes += 1
+            return True
+        finally:
+            self._lock.release()
+
+    def _begin(self) -> None:
+        with self._lock:
+            self._active += 1
+
+    def _end(self) -> None:
+        with self._lock:
+            self._active -= 1
+            self.last_used = time.monotonic()
 
     def _with_link(
         self, what: str, operation: Callable[[paramiko.SSHClient], T], *, retry: bool
     ) -> T:
         """Run ``operation`` on a live connection; reconnect once if the link was dead."""
+        with self._lock:
+            self._begin()
+            try:
+                return self._with_link_locked(what, operation, retry=retry)
+            finally:
+                self._end()
+
+    def _with_link_locked(
+        self, what: str, operation: Callable[[paramiko.SSHClient], T], *, retry: bool
+    ) -> T:
         with self._lock:
             attempts = 2 if retry else 1
             for attempt in range(attempts):
@@ -206,6 +286,7 @@ class SshTransport:
         check: bool,
     ) -> ExecResult:
         started = time.monotonic()
+        self._begin()
         try:
             result = self._run_once(command, argv, stdin=stdin, timeout=timeout)
         except Exception:
@@ -215,6 +296,7 @@ class SshTransport:
         finally:
             with self._lock:
                 self.command_seconds += time.monotonic() - started
+            self._end()
         if check and result.rc != 0:
             raise command_error(argv, result.rc, result.stdout, result.stderr)
         return result
@@ -320,177 +402,142 @@ class SshTransport:
             raise EOFError("the connection closed before the command reported its exit status")
         return status, b"".join(stdout), b"".join(stderr)
 
-    # ------------------------------------------------------------ SFTP
-
-    def _sftp_call(self, what: str, path: str, operation: Callable[[paramiko.SFTPClient], T]) -> T:
-        def run(client: paramiko.SSHClient) -> T:
-            if self._sftp is None:
-                self._sftp = client.open_sftp()
-                channel = self._sftp.get_channel()
-                if channel is not None:
-                    channel.settimeout(self.config.command_timeout)
-            self.sftp_operations += 1
-            try:
-                return operation(self._sftp)
-            except FileNotFoundError as exc:
-                raise RemoteFileNotFound(
-                    f"{what}: {path} does not exist on {self.config.host}", path=path
-                ) from exc
-            except PermissionError as exc:
-                raise SftpError(f"{what}: permission denied on {path}") from exc
-            except OSError as exc:
-                if exc.errno == errno.ENOENT:
-                    raise RemoteFileNotFound(f"{what}: {path} does not exist", path=path) from exc
-                if (
-                    isinstance(exc, socket.timeout | TimeoutError | ConnectionError)
-                    or exc.errno is None
-                ):
-                    # paramiko reports a dead SFTP channel as a bare OSError/EOFError.
-                    self._sftp = None
-                    raise
-                raise SftpError(f"{what} {path} failed: {exc}") from exc
-            except (EOFError, paramiko.SSHException):
-                self._sftp = None
-                raise
-
-        # SFTP operations are idempotent (writes go to a temp name, then rename).
-        return self._with_link(f"SFTP {what}", run, retry=True)
-
-    def get_bytes(self, path: str) -> bytes:
-        def read(sftp: paramiko.SFTPClient) -> bytes:
-            with sftp.open(path, "rb") as handle:
-                handle.prefetch()
-                return handle.read()
-
-        data = self._sftp_call("read", path, read)
-        self.bytes_read += len(data)
-        return data
-
-    def read_from(self, path: str, offset: int, max_bytes: int = 1 << 20) -> bytes:
-        """Up to ``max_bytes`` from ``offset`` (b"" at or past the end): for log tailing."""
-        if offset < 0 or max_bytes <= 0:
-            raise ValueError("offset must be >= 0 and max_bytes > 0")
-
-        def read(sftp: paramiko.SFTPClient) -> bytes:
-            with sftp.open(path, "rb") as handle:
-                handle.seek(offset)
-                chunks: list[bytes] = []
-                remaining = max_bytes
-                while remaining > 0:
-                    chunk = handle.read(min(remaining, 32768))
-                    if not chunk:
-                        break
-                    chunks.append(chunk)
-                    remaining -= len(chunk)
-                return b"".join(chunks)
-
-        data = self._sftp_call("read", path, read)
-        self.bytes_read += len(data)
-        return data
-
-    def put_bytes(self, path: str, data: bytes, mode: int = 0o644) -> None:
-        """Write ``data`` to ``path`` atomically: a temp file in the same directory, then rename."""
-        directory, name = posixpath.split(path)
-        temporary = posixpath.join(directory, f".{name}.tmp-{secrets.token_hex(6)}")
-
-        def write(sftp: paramiko.SFTPClient) -> None:
-            try:
-                with sftp.open(temporary, "wb") as handle:
-                    handle.set_pipelined(True)
-                    handle.write(data)
-                sftp.chmod(temporary, mode)
-                sftp.posix_rename(temporary, path)
-            except BaseException:
-                # Best effort: do not leave temp files behind.
-                with contextlib.suppress(Exception):
-                    sftp.remove(temporary)
-                raise
-
-        self._sftp_call("write", path, write)
-
-    def stat(self, path: str) -> StatResult | None:
-        """Size, mtime and mode of ``path``; None if it does not exist."""
-
-        def run(sftp: paramiko.SFTPClient) -> StatResult | None:
-            try:
-                attributes = sftp.stat(path)
-            except FileNotFoundError:
-                return None
-            return StatResult(
-                path=path,
-                size=attributes.st_size or 0,
-                mtime=float(attributes.st_mtime or 0),
-                mode=attributes.st_mode or 0,
-            )
-
-        return self._sftp_call("stat", path, run)
-
-    def exists(self, path: str) -> bool:
-        return self.stat(path) is not None
-
-    def listdir(self, path: str) -> list[str]:
-        return sorted(self._sftp_call("list", path, lambda sftp: sftp.listdir(path)))
-
-    def makedirs(self, path: str, mode: int = 0o755) -> None:
-        """``mkdir -p`` over SFTP."""
-
-        def run(sftp: paramiko.SFTPClient) -> None:
-            parts: list[str] = []
-            current = path.rstrip("/") or "/"
-            while current not in ("", "/"):
-                try:
-                    attributes = sftp.stat(current)
-                except FileNotFoundError:
-                    parts.append(current)
-                    current = posixpath.dirname(current)
-                    continue
-                if not stat_module.S_ISDIR(attributes.st_mode or 0):
-                    raise SftpError(f"{current} exists and is not a directory")
-                break
-            for directory in reversed(parts):
-                try:
-                    sftp.mkdir(directory, mode)
-                except OSError:
-                    # Someone else may have created it meanwhile.
-                    if not stat_module.S_ISDIR(sftp.stat(directory).st_mode or 0):
-                        raise
-
-        self._sftp_call("mkdir", path, run)
-
-    def remove(self, path: str) -> None:
-        self._sftp_call("remove", path, lambda sftp: sftp.remove(path))
-
 
 # ---------------------------------------------------------------- pool
+
+
+@dataclass(frozen=True)
+class PoolLimits:
+    """How many SSH connections a process keeps: one per identity that is in use, each
+    closed after ``idle_seconds`` without an operation, at most ``max_per_login_node`` open
+    to one login node (the least recently used idle one is closed to make room)."""
+
+    idle_seconds: float = 300
+    max_per_login_node: int = 8
+
 
 _pool: dict[SshConfig, SshTransport] = {}
 _pool_pid = os.getpid()
 _pool_lock = threading.Lock()
+_limits = PoolLimits()
+_reaper_pid: int | None = None
 
 
 def _forget_pool_after_fork() -> None:
     # A forked child must not share the parent's socket; it opens its own.
-    global _pool_pid, _pool_lock
+    global _pool_pid, _pool_lock, _reaper_pid
     _pool.clear()
     _pool_pid = os.getpid()
     _pool_lock = threading.Lock()
+    _reaper_pid = None
 
 
 os.register_at_fork(after_in_child=_forget_pool_after_fork)
 
 
-def get_transport(config: SshConfig) -> SshTransport:
-    """The process-wide transport for ``config`` (one connection per cluster per worker)."""
-    global _pool_pid
+def get_transport(config: SshConfig, *, limits: PoolLimits | None = None) -> SshTransport:
+    """The process-wide transport for ``config``: one connection per login identity per
+    worker process, under ``limits`` (the last given is the one in force)."""
+    global _pool_pid, _limits
     with _pool_lock:
         if _pool_pid != os.getpid():
             _pool.clear()
             _pool_pid = os.getpid()
+        if limits is not None:
+            _limits = limits
+        _start_reaper()
         transport = _pool.get(config)
         if transport is None:
             transport = SshTransport(config)
+            transport.before_connect = _make_room
             _pool[config] = transport
         return transport
+
+
+def _open_to(login_node: tuple[str, int], *, besides: SshTransport) -> list[SshTransport]:
+    with _pool_lock:
+        return [
+            transport
+            for transport in _pool.values()
+            if transport is not besides
+            and transport.config.login_node == login_node
+            and transport.connected
+        ]
+
+
+def _make_room(opening: SshTransport) -> None:
+    """Before ``opening`` connects: under the limit of open connections to its login node,
+    closing the least recently used idle one if need be. When every one is busy, wait for
+    one to become idle up to the connect timeout, then refuse (a transient error: the task
+    that wanted it retries)."""
+    deadline = time.monotonic() + opening.config.connect_timeout
+    while True:
+        limit = _limits.max_per_login_node
+        open_now = _open_to(opening.config.login_node, besides=opening)
+        if len(open_now) < limit:
+            return
+        for candidate in sorted(open_now, key=lambda transport: transport.last_used):
+            if candidate.close_if_idle():
+                logger.info(
+                    "closed idle SSH connection %s to stay within %d per login node",
+                    candidate.config.endpoint,
+                    limit,
+                )
+                return
+        if time.monotonic() >= deadline:
+            host, port = opening.config.login_node
+            raise SshTransientError(
+                f"all {len(open_now)} SSH connections to {host}:{port} are busy "
+                f"(at most {limit} per login node: GANTRY_SSH_POOL_MAX_PER_CLUSTER)"
+            )
+        time.sleep(0.05)
+
+
+def close_idle() -> int:
+    """Close every pooled connection idle for longer than the idle timeout; how many."""
+    with _pool_lock:
+        transports = list(_pool.values())
+        idle_seconds = _limits.idle_seconds
+    return sum(transport.close_if_idle(idle_seconds) for transport in transports)
+
+
+def _start_reaper() -> None:
+    """One daemon thread per process closes idle connections (called with the pool lock)."""
+    global _reaper_pid
+    if _reaper_pid == os.getpid():
+        return
+    _reaper_pid = os.getpid()
+
+    def reap() -> None:
+        while True:
+            time.sleep(max(1.0, min(30.0, _limits.idle_seconds / 2)))
+            try:
+                closed = close_idle()
+            except Exception:
+                logger.exception("closing idle SSH connections failed")
+                continue
+            if closed:
+                logger.info("closed %d idle SSH connection(s)", closed)
+
+    threading.Thread(target=reap, name="gantry-ssh-reaper", daemon=True).start()
+
+
+def pool_connections(login_node: tuple[str, int]) -> list[SshTransport]:
+    """The pooled transports of one login node that hold an open connection."""
+    with _pool_lock:
+        return [t for t in _pool.values() if t.config.login_node == login_node and t.connected]
+
+
+def pool_counters(login_node: tuple[str, int]) -> tuple[int, float, int]:
+    """Commands run, their seconds and SSH-level errors, summed over every pooled
+    transport (every identity) of one login node in this process."""
+    with _pool_lock:
+        transports = [t for t in _pool.values() if t.config.login_node == login_node]
+    return (
+        sum(t.commands_run for t in transports),
+        sum(t.command_seconds for t in transports),
+        sum(t.command_errors for t in transports),
+    )
 
 
 def close_all() -> None:

@@ -62,6 +62,17 @@ def test_submit_from_the_form_and_watch_it_complete(
     )
     page.click("#load-logs")
     page.wait_for_function("document.querySelector('#logs').textContent.includes('trainer')")
+    # The whole output with a range request, and each rank's own file, from the cluster.
+    job_url = page.url.rstrip("/")
+    job_id = job_url.rsplit("/", 1)[1]
+    ranged = page.request.get(
+        f"{live_server.url}/api/v1/jobs/{job_id}/output/", headers={"Range": "bytes=0-6"}
+    )
+    assert ranged.status == 206 and ranged.text() == "gantry:", ranged.text()
+    assert ranged.headers["content-range"].startswith("bytes 0-6/")
+    page.wait_for_selector("#rank-outputs a.rank-output[data-rank='1']")
+    rank0 = page.request.get(f"{live_server.url}/api/v1/jobs/{job_id}/output/ranks/0/")
+    assert rank0.status == 200 and "trainer: rank 0/2" in rank0.text()
     page.screenshot(path=str(artifacts / "job-detail.png"), full_page=True)
 
     # Prove a checkpoint: open step 10, run a restore drill, watch the verdict arrive.

@@ -299,4 +299,94 @@ def test_query_count_does_not_grow_with_the_fleet(client: Client) -> None:
     small = queries_per_scrape()
     for _ in range(4):
         add_fleet()
-    assert queries_per_scrape() == small == 4
+    # Clusters, jobs, drills, proven running jobs, work at risk, the goodput window's jobs
+    # and their metric sums.
+    assert queries_per_scrape() == small == 7
+
+
+@pytest.mark.django_db
+def test_work_at_risk_and_goodput(client: Client) -> None:
+    from datetime import timedelta
+
+    from jobs.models import MetricPoint
+
+    now = timezone.now()
+    x = ClusterFactory(name="x", proven_checkpoint_max_age_minutes=60)
+    ClusterFactory(name="idle")
+    # 8 GPUs, proven 2 h ago, written 30 min ago: over the 60-minute limit.
+    big = JobFactory(
+        cluster=x,
+        state=Job.State.RUNNING,
+        nodes=2,
+        gpus_per_node=4,
+        submitted_at=now - timedelta(hours=3, minutes=1),
+        started_at=now - timedelta(hours=3),
+    )
+    CheckpointFactory(job=big, step=100, saved_at=now - timedelta(hours=2), last_proven_at=now)
+    CheckpointFactory(job=big, step=200, saved_at=now - timedelta(minutes=30))
+    # No GPUs, 2 ranks, nothing saved in its 15 minutes.
+    small = JobFactory(
+        cluster=x,
+        state=Job.State.RUNNING,
+        gpus_per_node=0,
+        tasks_per_node=2,
+        started_at=now - timedelta(minutes=15),
+    )
+    # An ended job in the goodput window: 100 s queued, 10 steps of 6 s (1 s data wait).
+    done = JobFactory(
+        cluster=x,
+        state=Job.State.COMPLETED,
+        submitted_at=now - timedelta(hours=1),
+        started_at=now - timedelta(hours=1) + timedelta(seconds=100),
+        ended_at=now - timedelta(hours=1) + timedelta(seconds=160),
+    )
+    MetricPoint.objects.bulk_create(
+        [
+            MetricPoint(
+                job=done,
+                step=step,
+                wall_time=done.started_at + timedelta(seconds=6 * step),
+                elapsed_s=6.0 * step,
+                step_time_s=6.0,
+                data_time_s=1.0,
+                checkpoint_blocking_s=0.0,
+            )
+            for step in range(1, 11)
+        ]
+    )
+
+    found = samples(scrape(client))
+
+    proven = value(found, "gantry_work_at_risk_gpu_hours", cluster="x", since="proven")
+    written = value(found, "gantry_work_at_risk_gpu_hours", cluster="x", since="written")
+    assert proven == pytest.approx(8 * 2 + 2 * 0.25, rel=1e-3)
+    assert written == pytest.approx(8 * 0.5 + 2 * 0.25, rel=1e-3)
+    assert value(found, "gantry_work_at_risk_gpu_hours", cluster="idle", since="proven") == 0
+    assert value(found, "gantry_proven_age_breaches", cluster="x") == 1
+    assert value(found, "gantry_proven_age_breaches", cluster="idle") == 0
+    oldest = value(found, "gantry_running_jobs_oldest_proven_age_seconds", cluster="x")
+    assert oldest == pytest.approx(7200, abs=5)
+    assert value(found, "gantry_running_jobs_oldest_proven_age_seconds", cluster="idle") is None
+    assert small.id  # counted above as 2 ranks × 15 minutes
+    # Goodput: the ended job and the running ones (their whole span so far, no steps).
+    ratio = value(found, "gantry_goodput_ratio", cluster="x")
+    productive = value(found, "gantry_goodput_seconds", cluster="x", bucket="productive")
+    data_wait = value(found, "gantry_goodput_seconds", cluster="x", bucket="data_wait")
+    assert productive == pytest.approx(50) and data_wait == pytest.approx(10)
+    wall = sum(
+        value(found, "gantry_goodput_seconds", cluster="x", bucket=bucket) or 0.0
+        for bucket in (
+            "queued",
+            "startup",
+            "restore",
+            "productive",
+            "data_wait",
+            "checkpoint_blocking",
+            "lost_progress",
+            "idle",
+            "other",
+        )
+    )
+    assert wall == pytest.approx(160 + (3 * 3600 + 60) + 15 * 60, abs=5)
+    assert ratio == pytest.approx(productive / wall, rel=1e-6)
+    assert value(found, "gantry_goodput_ratio", cluster="idle") is None

@@ -328,3 +328,24 @@ def test_a_researcher_has_no_token_admin(researcher: Any) -> None:
     api_token_create(user=other, name="tess", expires_at=None)
     response = signed_in(researcher).get("/admin/core/apitoken/")
     assert response.status_code == 302
+
+
+def test_the_api_docs_say_how_tokens_work(client: Client) -> None:
+    schema = client.get("/api/schema/", HTTP_ACCEPT="application/vnd.oai.openapi+json").json()
+    description = schema["info"]["description"]
+    assert "/account/tokens/" in description
+    assert (
+        "401" in description and "Token revoked." in description and "Token expired." in description
+    )
+    schemes = schema["components"]["securitySchemes"]
+    assert any(
+        scheme.get("type") == "apiKey" and scheme.get("name") == "Authorization"
+        for scheme in schemes.values()
+    ), schemes
+    for path in (
+        "/api/v1/job-templates/",
+        "/api/v1/jobs/{job_id}/hold/",
+        "/api/v1/jobs/{job_id}/output/",
+        "/api/v1/jobs/{job_id}/output/ranks/{rank}/",
+    ):
+        assert path in schema["paths"], path

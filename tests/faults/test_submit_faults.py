@@ -229,9 +229,10 @@ def test_an_extra_slurm_job_with_a_taken_tag_is_cancelled(
     assert wait_all(lambda: Job.objects.get(id=job_id).state == "running", timeout=60)
     job = Job.objects.get(id=job_id)
     tag = slurm_commands.job_tag(job_id)
-    script = f"{job.cluster.workdir}/runs/{job_id}/job.sbatch"
-    extra = devcluster.run_as_cluster_user(
-        ["sbatch", "--parsable", f"--job-name={tag}", f"--comment={tag}", script]
+    # A late duplicate is the job's own account's sbatch landing twice.
+    script = f"{job.cluster.workdir}/users/{job.run_as}/runs/{job_id}/job.sbatch"
+    extra = devcluster.run_as(
+        job.run_as, ["sbatch", "--parsable", f"--job-name={tag}", f"--comment={tag}", script]
     ).stdout.strip()
     cancelled = wait_all(
         lambda: JobEvent.objects.filter(job_id=job_id, kind="duplicate").exists(), timeout=60

@@ -3,7 +3,10 @@ against real drills on the dev cluster, plus a false-alarm count over clean chec
 
 One job (2 ranks on 2 nodes) saves a checkpoint every 2 steps. Each damage kind of
 ``tests/drill_damage.py`` is applied to its own checkpoint on the cluster (file damage,
-and state damage with every hash, sidecar and manifest kept valid); environment kinds
+and state damage with every hash, sidecar and manifest kept valid); the sharded kinds (a
+rank's shard missing, two ranks' shards swapped, a shard of another step) to the
+checkpoints of a second job trained with FSDP on 2 nodes, whose drills must also name the
+shard or rank at fault; environment kinds
 change what Gantry holds instead (a fingerprint or losses gone, the dataset definition or
 the trainer version changed). Every checkpoint is drilled on the job's own shape and on
 another allocation (1 rank, on another partition where the cluster has one), replaying to
@@ -25,7 +28,7 @@ from typing import Any
 
 import pytest
 from django.db import transaction
-from drill_damage import KINDS, Damage
+from drill_damage import REPLICATED_KINDS, SHARDED_KINDS, Damage
 from drill_support import checkpoint_dir, run_job, start_drill, wait_finished, wait_verdict
 from rest_framework.test import APIClient
 
@@ -44,6 +47,8 @@ SLICE = {
     "rank files of another step (hashes valid)",
 }
 CLEAN = 10 if FULL else 2
+SHARDED_SLICE = {"two ranks' shards swapped (hashes valid)"}
+CLEAN_SHARDED = 4 if FULL else 1
 ARTIFACT = Path(__file__).resolve().parents[2] / "test-artifacts" / "drill-coverage.md"
 
 
@@ -148,8 +153,17 @@ class Row:
     drill_id: str
 
 
-def _row(kind: str, shape: str, expected: str, codes: frozenset[str], drill: RestoreDrill) -> Row:
+def _row(
+    kind: str,
+    shape: str,
+    expected: str,
+    codes: frozenset[str],
+    drill: RestoreDrill,
+    damage: Damage | None = None,
+) -> Row:
     detected = drill.verdict == expected and (not codes or drill.reason_code in codes)
+    # A sharded kind must also name the shard or the rank at fault.
+    detected = detected and (damage is None or damage.named_in(drill.reason))
     return Row(
         kind,
         shape,
@@ -186,6 +200,75 @@ def _write_table(rows: list[Row], clean: list[Row]) -> str:
     return text
 
 
+def _run_fsdp_job(api: APIClient, *, steps: int) -> Job:
+    response = api.post(
+        "/api/v1/jobs/submit/",
+        {
+            "name": "drill-coverage-fsdp",
+            "partition": "batch",
+            "nodes": 2,
+            "gpus_per_node": 1,
+            "tasks_per_node": 1,
+            "time_limit_minutes": 10,
+            "config": {
+                "preset": "tiny",
+                "steps": steps,
+                "checkpoint_every": 2,
+                "checkpoint_keep": 10000,
+                "strategy": "fsdp",
+            },
+        },
+        format="json",
+    )
+    assert response.status_code == 202, response.json()
+    return Job.objects.get(id=response.json()["id"])
+
+
+def _damage_rows(
+    api: APIClient,
+    worker: Any,
+    devcluster: DevCluster,
+    checkpoints: list[Checkpoint],
+    kinds: list[Damage],
+    clean_count: int,
+    shapes: dict[str, dict[str, Any]],
+) -> tuple[list[Row], list[Row]]:
+    """Each kind on its own checkpoint, then every drill at once (damage is applied in step
+    order, so a kind that copies from the next checkpoint copies it undamaged); the next
+    ``clean_count`` checkpoints are drilled undamaged."""
+    by_step = {c.step: c for c in checkpoints}
+    damaged = checkpoints[: len(kinds)]
+    clean = checkpoints[len(kinds) : len(kinds) + clean_count]
+    for kind, checkpoint in zip(kinds, damaged, strict=True):
+        following = by_step[checkpoint.step + 2]
+        kind.apply(checkpoint_dir(devcluster, checkpoint), checkpoint_dir(devcluster, following))
+    started: list[tuple[Damage | None, str, str]] = []
+    for kind, checkpoint in zip(kinds, damaged, strict=True):
+        for shape, allocation in shapes.items():
+            started.append((kind, shape, start_drill(api, checkpoint, **allocation)))
+    for checkpoint in clean:
+        for shape, allocation in shapes.items():
+            started.append((None, shape, start_drill(api, checkpoint, **allocation)))
+    rows: list[Row] = []
+    clean_rows: list[Row] = []
+    for kind, shape, drill_id in started:
+        drill = wait_verdict(drill_id, worker, timeout=600)
+        if kind is None:
+            clean_rows.append(_row("clean", shape, "passed", frozenset(), drill))
+        else:
+            rows.append(
+                _row(
+                    kind.name,
+                    shape,
+                    kind.verdict,
+                    kind.codes,
+                    drill,
+                    kind if kind.sharded else None,
+                )
+            )
+    return rows, clean_rows
+
+
 def test_drill_coverage(
     dev_cluster_registered: Any,
     celery_stack: Any,
@@ -194,41 +277,36 @@ def test_drill_coverage(
     devcluster: DevCluster,
 ) -> None:
     worker = celery_stack["worker"]
-    kinds: list[Damage] = [k for k in KINDS if FULL or k.name in SLICE]
+    kinds: list[Damage] = [k for k in REPLICATED_KINDS if FULL or k.name in SLICE]
+    sharded: list[Damage] = [k for k in SHARDED_KINDS if FULL or k.name in SHARDED_SLICE]
     environment = [e for e in ENVIRONMENT if FULL or e.name in ENVIRONMENT_SLICE]
     # Environment kinds take every other checkpoint: one may remove its next one's state.
     needed = len(kinds) + CLEAN + 2 * len(environment)
     job = run_job(
         researcher_api, steps=2 * (needed + 1), every=2, name="drill-coverage", keep=10000
     )
+    fsdp = _run_fsdp_job(researcher_api, steps=2 * (len(sharded) + CLEAN_SHARDED + 1))
     job = wait_finished(job, worker, timeout=300)
+    fsdp = wait_finished(fsdp, worker, timeout=300)
     checkpoints = list(job.checkpoints.order_by("step"))
     assert len(checkpoints) >= needed + 1, [c.step for c in checkpoints]
+    assert fsdp.acceptance["strategy"] == "fsdp"
     shapes = _shapes(job)
-    by_step = {c.step: c for c in checkpoints}
 
-    # File and state damage, then every drill at once (damage is applied in step order, so
-    # a kind that copies from the next checkpoint copies it undamaged).
-    damaged = checkpoints[: len(kinds)]
-    clean = checkpoints[len(kinds) : len(kinds) + CLEAN]
-    for kind, checkpoint in zip(kinds, damaged, strict=True):
-        following = by_step[checkpoint.step + 2]
-        kind.apply(checkpoint_dir(devcluster, checkpoint), checkpoint_dir(devcluster, following))
-    started: list[tuple[str, str, str, frozenset[str], str]] = []
-    for kind, checkpoint in zip(kinds, damaged, strict=True):
-        for shape, allocation in shapes.items():
-            drill_id = start_drill(researcher_api, checkpoint, **allocation)
-            started.append((kind.name, shape, kind.verdict, kind.codes, drill_id))
-    for checkpoint in clean:
-        for shape, allocation in shapes.items():
-            drill_id = start_drill(researcher_api, checkpoint, **allocation)
-            started.append(("clean", shape, "passed", frozenset(), drill_id))
-    rows: list[Row] = []
-    clean_rows: list[Row] = []
-    for name, shape, expected, codes, drill_id in started:
-        drill = wait_verdict(drill_id, worker, timeout=600)
-        row = _row(name, shape, expected, codes, drill)
-        (clean_rows if name == "clean" else rows).append(row)
+    rows, clean_rows = _damage_rows(
+        researcher_api, worker, devcluster, checkpoints, kinds, CLEAN, shapes
+    )
+    sharded_rows, sharded_clean = _damage_rows(
+        researcher_api,
+        worker,
+        devcluster,
+        list(fsdp.checkpoints.order_by("step")),
+        sharded,
+        CLEAN_SHARDED,
+        shapes,
+    )
+    rows += sharded_rows
+    clean_rows += sharded_clean
 
     # What Gantry holds, changed in the transaction that starts the drills.
     spaced = checkpoints[len(kinds) + CLEAN :: 2]

@@ -9,8 +9,10 @@ from typing import Any
 
 import pytest
 from django.db import connection
+from django.db.models import F
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 
 from factories import CheckpointFactory, ClusterFactory, JobFactory
 from jobs import goodput
@@ -130,6 +132,59 @@ def test_a_job_off_the_final_timeline_loses_all_its_steps() -> None:
     assert ranges["a"].cutoff == 100
     assert ranges["b"] == goodput.StepRanges(start=100, cutoff=100)
     assert ranges["c"].cutoff is None
+
+
+def test_a_span_reaches_the_last_logged_step_past_slurms_whole_second_end() -> None:
+    """Slurm's end time is whole seconds; the trainer logged a step 0.9 s later. The span
+    ends at that step, so the steps fit the loop's window unscaled, and the idle gap of the
+    job resumed from it starts there too."""
+    points = [StepPoint(step, 0.5) for step in range(1, 5)]
+    a = JobTimes(
+        job_id="a",
+        submitted_at=at(0),
+        started_at=at(1),
+        loop_started_at=at(1.2),
+        ended_at=at(3),
+        last_step_at=at(3.9),
+        preserved=goodput.step_totals(points, after=0, upto=2),
+        lost=goodput.step_totals(points, after=2),
+    )
+    b = JobTimes(
+        job_id="b",
+        submitted_at=at(10),
+        started_at=at(11),
+        ended_at=at(20),
+        resumed=True,
+        source_id="a",
+    )
+    lineage, per_job = goodput.lineage_ledgers([a, b], now=at(100))
+    assert per_job["a"].wall_s == pytest.approx(3.9)
+    assert per_job["a"].buckets["lost_progress"] == pytest.approx(1.0)
+    assert per_job["a"].buckets["productive"] == pytest.approx(1.0)
+    assert per_job["b"].buckets["idle"] == pytest.approx(10 - 3.9)
+    assert lineage.wall_s == pytest.approx(20)
+    assert_sums_to_wall(lineage)
+
+
+def test_slurms_whole_second_start_before_the_submit_time_does_not_cut_the_window() -> None:
+    """sacct says the job started at 12:00:00; Gantry recorded the submit at 12:00:00.9.
+    Running time begins at the later one: 0.9 s must not come out of the loop's window."""
+    points = [StepPoint(step, 0.5) for step in range(1, 5)]
+    job = JobTimes(
+        job_id="a",
+        submitted_at=at(0.9),
+        started_at=at(0),
+        loop_started_at=at(2.0),
+        ended_at=at(4.0),
+        preserved=goodput.step_totals(points, after=0),
+    )
+    ledger = goodput.job_ledger(job, now=at(100))
+    assert ledger.wall_s == pytest.approx(3.1)
+    assert ledger.buckets["queued"] == 0
+    assert ledger.buckets["startup"] == pytest.approx(1.1)
+    # Four steps of 0.5 s in the 2 s window: unscaled.
+    assert ledger.buckets["productive"] == pytest.approx(2.0)
+    assert_sums_to_wall(ledger)
 
 
 def test_sparse_logging_scales_step_sums() -> None:
@@ -294,7 +349,7 @@ def test_api_detail_has_the_lineage_ledger(
     researcher_api: Any, lineage: dict[str, Any], monkeypatch: Any
 ) -> None:
     a, b = lineage["a"], lineage["b"]
-    monkeypatch.setattr("jobs.selectors.timezone.now", lambda: lineage["now"])
+    monkeypatch.setattr("jobs.goodput_selectors.timezone.now", lambda: lineage["now"])
     body = researcher_api.get(f"/api/v1/jobs/{b.id}/").json()
     ledger = body["goodput"]
     assert ledger["lineage"] == [str(a.id), str(b.id)]
@@ -411,3 +466,152 @@ def test_lineage_is_found_from_any_of_its_jobs(
     alone = researcher_api.get(f"/api/v1/jobs/{unrelated.id}/").json()["goodput"]
     assert alone["lineage"] == [str(unrelated.id)]
     assert alone["started"] is False and alone["wall_s"] == 0 and alone["ratio"] is None
+
+
+# Many jobs at once: per cluster and week (the overview), per cluster (/metrics) ------
+
+
+def test_lineages_group_jobs_through_their_sources() -> None:
+    links = [
+        LineageLink(job_id="a", created_at=at(0)),
+        LineageLink(job_id="b", created_at=at(10), source_id="a", resume_step=5),
+        LineageLink(job_id="c", created_at=at(20), source_id="b", resume_step=9),
+        LineageLink(job_id="x", created_at=at(5)),
+        # Resumed from a job outside the list: a lineage of its own here.
+        LineageLink(job_id="y", created_at=at(30), source_id="gone", resume_step=3),
+    ]
+    groups = sorted(sorted(link.job_id for link in group) for group in goodput.lineages(links))
+    assert groups == [["a", "b", "c"], ["x"], ["y"]]
+
+
+def test_iso_week_and_sum_of_ledgers() -> None:
+    assert goodput.iso_week(datetime(2026, 1, 1, tzinfo=UTC)) == "2026-W01"
+    assert goodput.iso_week(datetime(2024, 12, 30, tzinfo=UTC)) == "2025-W01"
+    assert goodput.iso_week(datetime(2026, 3, 1, 23, 59, tzinfo=UTC)) == "2026-W09"
+    one = goodput.Ledger(wall_s=100, buckets={**dict.fromkeys(BUCKETS, 0.0), "productive": 80})
+    two = goodput.Ledger(wall_s=300, buckets={**dict.fromkeys(BUCKETS, 0.0), "productive": 60})
+    total = goodput.sum_ledgers([one, two])
+    assert total.wall_s == 400 and total.ratio == pytest.approx(140 / 400)
+    assert goodput.sum_ledgers([]).ratio is None
+
+
+def test_idle_before_a_resumed_job() -> None:
+    job = JobTimes(job_id="b", submitted_at=at(100), started_at=at(110), ended_at=None)
+    assert goodput.idle_before(job, source_ended_at=at(40), now=at(500)) == 60
+    assert goodput.idle_before(job, source_ended_at=None, now=at(500)) == 0
+    # Submitted before the source ended (resumed from a checkpoint while it ran): no gap.
+    assert goodput.idle_before(job, source_ended_at=at(120), now=at(500)) == 0
+
+
+@pytest.mark.django_db
+def test_cluster_weeks_match_the_jobs_own_ledgers(
+    researcher: Any, lineage: dict[str, Any], monkeypatch: Any
+) -> None:
+    from jobs.fleet_goodput import goodput_by_cluster_week
+    from jobs.goodput_selectors import job_goodput
+
+    now = lineage["now"]
+    monkeypatch.setattr("jobs.goodput_selectors.timezone.now", lambda: now)
+    other = ClusterFactory(name="zeta")
+    # A week earlier on another cluster: a plain job, all productive but its queue.
+    early = JobFactory(
+        owner=researcher,
+        cluster=other,
+        state=Job.State.COMPLETED,
+        submitted_at=at(-7 * 86400),
+        started_at=at(-7 * 86400 + 100),
+        ended_at=at(-7 * 86400 + 100 + 5 + 40 + 1),
+    )
+    add_points(early, range(1, 21), blocking_at=1000)
+    table = goodput_by_cluster_week(jobs=Job.objects.all(), weeks=3, now=now)
+    # T0 is Sunday 2026-03-01, the last day of 2026-W09.
+    assert table["weeks"] == ["2026-W07", "2026-W08", "2026-W09"]
+    rows = {row["cluster"]: {cell["week"]: cell for cell in row["cells"]} for row in table["rows"]}
+    lineage_cluster = lineage["a"].cluster.name
+    # A ended on 2026-03-01 (W09) and B runs now (W09 too): the lineage's ledger.
+    week = rows[lineage_cluster]["2026-W09"]
+    ledger = job_goodput(job=lineage["b"], now=now)
+    assert week["jobs"] == 2
+    assert week["wall_s"] == pytest.approx(ledger["wall_s"])
+    assert week["productive_s"] == pytest.approx(ledger["buckets"]["productive"])
+    assert week["lost_s"] == pytest.approx(50 * 2.0)
+    assert week["ratio"] == pytest.approx(ledger["ratio"])
+    assert rows[lineage_cluster]["2026-W08"]["ratio"] is None
+    assert rows[lineage_cluster]["2026-W08"]["jobs"] == 0
+    early_week = rows["zeta"]["2026-W08"]
+    assert early_week["wall_s"] == pytest.approx(146)
+    assert early_week["productive_s"] == pytest.approx(20 * 2.0 - 20 * 0.25)
+
+
+@pytest.mark.django_db
+def test_cluster_weeks_in_a_fixed_number_of_queries(researcher: Any) -> None:
+    from jobs.fleet_goodput import goodput_by_cluster_week
+
+    now = at(3600)
+    clusters = [ClusterFactory(), ClusterFactory()]
+
+    def add_jobs(count: int) -> None:
+        for number in range(count):
+            parent = JobFactory(
+                owner=researcher,
+                cluster=clusters[number % 2],
+                state=Job.State.FAILED,
+                submitted_at=at(0),
+                started_at=at(10),
+                ended_at=at(10 + 5 + 2 * 30 + 1),
+            )
+            add_points(parent, range(1, 31))
+            checkpoint = CheckpointFactory(job=parent, step=20)
+            child = JobFactory(
+                owner=researcher,
+                cluster=parent.cluster,
+                state=Job.State.RUNNING,
+                parent=parent,
+                resume_from=checkpoint,
+                submitted_at=at(100),
+                started_at=at(110),
+            )
+            add_points(child, range(21, 41))
+
+    def queries() -> int:
+        with CaptureQueriesContext(connection) as captured:
+            table = goodput_by_cluster_week(jobs=Job.objects.all(), weeks=2, now=now)
+        assert all(cell["lost_s"] > 0 for row in table["rows"] for cell in row["cells"][-1:])
+        return len(captured)
+
+    add_jobs(2)
+    small = queries()
+    add_jobs(10)
+    assert queries() == small == 2
+
+
+@pytest.mark.django_db
+def test_overview_shows_goodput_per_cluster_and_week(
+    researcher: Any, other_researcher: Any, lineage: dict[str, Any]
+) -> None:
+    JobFactory(
+        owner=other_researcher,
+        cluster=ClusterFactory(name="robs-cluster"),
+        state=Job.State.COMPLETED,
+        submitted_at=timezone.now() - timedelta(hours=2),
+        started_at=timezone.now() - timedelta(hours=1),
+        ended_at=timezone.now(),
+    )
+    # Move the lineage into this week so that the default window shows it.
+    shift = timezone.now() - lineage["now"]
+    for job in (lineage["a"], lineage["b"]):
+        Job.objects.filter(pk=job.pk).update(
+            submitted_at=F("submitted_at") + shift,
+            started_at=F("started_at") + shift,
+            ended_at=F("ended_at") + shift,
+        )
+        MetricPoint.objects.filter(job=job).update(wall_time=F("wall_time") + shift)
+    page = Client()
+    page.force_login(researcher)
+    html = page.get("/").content.decode()
+    assert 'data-testid="goodput-weeks"' in html
+    assert f'<tr data-cluster="{lineage["a"].cluster.name}">' in html
+    this_week = goodput.iso_week(timezone.localtime(timezone.now()))
+    assert f'data-week="{this_week}" data-ratio="0.' in html
+    # Another researcher's cluster of jobs is not in this researcher's table.
+    assert "robs-cluster" not in html.split('data-testid="goodput-weeks"')[1]

@@ -104,8 +104,13 @@ def test_without_accounting_absence_needs_no_output_in_the_run_directory(setting
         ran, _lookup(ran, [], accounting_ok=False), {directory: DirectoryEvidence(outputs={"77"})}
     )
     assert Job.objects.get(id=ran.id).state == "submit_unknown"
+    # Its directory could not be listed (the account's login failed): no proof either.
+    unread = _unknown_job(90, accounting=False)
+    _resolve(unread, _lookup(unread, [], accounting_ok=False), {})
+    assert Job.objects.get(id=unread.id).state == "submit_unknown"
     never = _unknown_job(90, accounting=False)
-    _resolve(never, _lookup(never, [], accounting_ok=False), {})
+    listed = {JOBS.run_directory(never): DirectoryEvidence()}
+    _resolve(never, _lookup(never, [], accounting_ok=False), listed)
     assert Job.objects.get(id=never.id).state == "queued"
 
 
@@ -127,7 +132,7 @@ def _running(slurm_job_id: str = "70", **extra: Any) -> Job:
 
 def _apply(job: Job, views: SlurmViews) -> Job:
     job = Job.objects.select_related("cluster").get(id=job.id)
-    JOBS.apply_views([job], views, transport=None, now=timezone.now(), errors=[])  # type: ignore[arg-type]
+    JOBS.apply_views([job], views, now=timezone.now(), errors=[])
     job.refresh_from_db()
     return job
 

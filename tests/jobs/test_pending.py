@@ -131,6 +131,8 @@ def test_api_job_detail_explains_pending_jobs_only(
         "position": 2,
         "of": 3,
         "partition": "batch",
+        # Until the watcher has asked Slurm (squeue --start): Gantry's own view.
+        "basis": "gantry",
     }
     running = researcher_api.get(f"/api/v1/jobs/{queue['running'].id}/").json()
     assert "pending_reason" in running and running["pending_reason"] is None

@@ -99,10 +99,9 @@ def test_preview_shows_the_exact_script(cluster: Any, researcher_api: APIClient)
     assert "#SBATCH --nodes=2" in script
     assert "#SBATCH --gpus-per-node=a100:1" in script
     assert "#SBATCH --nodelist=n[1-2]" in script
-    assert (
-        "srun --export=ALL --kill-on-bad-exit=1 /usr/bin/python3 -m trainer train --config"
-        in script
-    )
+    # Every rank's output also goes to its own file (jobs.output serves them).
+    assert "srun --export=ALL --kill-on-bad-exit=1 bash -c " in script
+    assert "/usr/bin/python3 -m trainer train --config" in script
     assert response.json()["world_size"] == 2
     assert not Job.objects.exists()
 

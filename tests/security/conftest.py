@@ -198,7 +198,18 @@ def world(dead_cluster: Any, researcher: Any, other_researcher: Any) -> dict[str
 
     mine = job_of(researcher, "ritas-secret-run", "4242")
     theirs = job_of(other_researcher, "robs-secret-run", "4343")
+    from jobs.models import JobTemplate
+
+    def template_of(owner: Any, name: str) -> Any:
+        # Private: only its owner and operators see it.
+        settings = {"name": name, "partition": "batch", "config": {"preset": "tiny"}}
+        return JobTemplate.objects.create(
+            owner=owner, name=name, cluster=dead_cluster, settings=settings
+        )
+
     return {
+        "template": template_of(researcher, "ritas-template"),
+        "other_template": template_of(other_researcher, "robs-secret-template"),
         "cluster": dead_cluster,
         "node": node,
         "job": mine[0],

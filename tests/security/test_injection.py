@@ -383,7 +383,10 @@ def _submit_hostile_job(
             ["squeue", "--noheader", "--format=%j", f"--jobs={job.slurm_job_id}"], check=False
         ).stdout.strip()
         assert queued in ("", slurm_commands.job_tag(job_id)), queued
-        script = transport.get_bytes(f"{cluster.workdir}/runs/{job_id}/job.sbatch").decode()
+        # The run directory is the job's account's alone: read it as that account.
+        from jobs.job_lifecycle import JOBS
+
+        script = JOBS.transport_of(job).get_bytes(f"{JOBS.run_directory(job)}/job.sbatch").decode()
         name_lines = [line for line in script.splitlines() if hostile_name in line]
         assert name_lines == [f"# Gantry job {job_id}: {hostile_name}"], name_lines
         _record(figures, "job name (sbatch on the cluster)", hostile_name, "literal")

@@ -49,6 +49,7 @@ OWNED_API = {
     "anonymous": AUTH,
 }
 PUBLIC = {"operator": OK, "researcher": OK, "outsider": OK, "anonymous": OK}
+NOT_OWN_API = {"operator": HIDE, "researcher": HIDE, "outsider": DENY, "anonymous": AUTH}
 
 EXPECTED: dict[str, tuple[str, bool, dict[str, Any] | None, dict[str, str]]] = {
     # pages
@@ -60,6 +61,7 @@ EXPECTED: dict[str, tuple[str, bool, dict[str, Any] | None, dict[str, str]]] = {
     "node-drain": ("post", False, {"reason": "matrix"}, OPERATOR_PAGE_ACTION),
     "node-resume": ("post", False, {}, OPERATOR_PAGE_ACTION),
     "cluster-sync": ("post", False, {}, OPERATOR_PAGE_ACTION),
+    "cluster-access": ("get", False, None, INVENTORY_PAGE),
     "topology": ("get", False, None, INVENTORY_PAGE),
     "job-list": ("get", False, None, INVENTORY_PAGE),
     "job-new": ("get", False, None, INVENTORY_PAGE),
@@ -67,6 +69,18 @@ EXPECTED: dict[str, tuple[str, bool, dict[str, Any] | None, dict[str, str]]] = {
     "job-status": ("get", True, None, OWNED_PAGE),
     "job-cancel": ("post", True, {}, OWNED_PAGE),
     "job-resume": ("post", True, {}, OWNED_PAGE),
+    # Hold/release (the world's jobs run: refused with a message), whole output (the
+    # cluster does not answer: a message), templates (private: hidden from others).
+    "job-hold": ("post", True, {}, OWNED_PAGE),
+    "job-release": ("post", True, {}, OWNED_PAGE),
+    "job-output": ("get", True, None, OWNED_PAGE),
+    "job-rank-output": ("get", True, None, OWNED_PAGE),
+    "job-save-template": ("post", True, {"name": "matrix"}, OWNED_PAGE),
+    "job-compose-check": ("post", False, {}, INVENTORY_PAGE),
+    "job-template-list": ("get", False, None, INVENTORY_PAGE),
+    "job-template-submit": ("post", True, {}, OWNED_PAGE),
+    "job-template-share": ("post", True, {"shared": "1"}, OWNED_PAGE),
+    "job-template-delete": ("post", True, {}, OWNED_PAGE),
     "drill-list": ("get", False, None, INVENTORY_PAGE),
     "drill-detail": ("get", True, None, OWNED_PAGE),
     "drill-status": ("get", True, None, OWNED_PAGE),
@@ -84,6 +98,14 @@ EXPECTED: dict[str, tuple[str, bool, dict[str, Any] | None, dict[str, str]]] = {
         {"token_id": "999999"},
         {"operator": HIDE, "researcher": HIDE, "outsider": DENY, "anonymous": LOGIN},
     ),
+    # One's own notification subscriptions (notifications app), like API tokens.
+    "notification-subscription-list": ("get", False, None, INVENTORY_PAGE),
+    "notification-subscription-remove": (
+        "post",
+        False,
+        {"subscription_id": "999999"},
+        {"operator": HIDE, "researcher": HIDE, "outsider": DENY, "anonymous": LOGIN},
+    ),
     "login": ("get", False, None, PUBLIC),
     "logout": ("post", False, {}, {persona: LOGIN for persona in PUBLIC}),
     "api-schema": ("get", False, None, PUBLIC),
@@ -99,6 +121,24 @@ EXPECTED: dict[str, tuple[str, bool, dict[str, Any] | None, dict[str, str]]] = {
     "api:cluster-detail": ("get", False, None, ROLE_API),
     "api:cluster-probe": ("post", False, {}, OPERATOR_API),
     "api:cluster-sync": ("post", False, {}, OPERATOR_API),
+    "api:cluster-user-ca": ("get", False, None, ROLE_API),
+    "api:cluster-user-ca-create": ("post", False, {}, OPERATOR_API),
+    "api:cluster-user-auth": ("put", False, {"user_auth": "certificate"}, OPERATOR_API),
+    "api:cluster-my-identity": ("get", False, None, ROLE_API),
+    "api:cluster-identity-list": ("get", False, None, OPERATOR_API),
+    "api:cluster-identity-set": (
+        "post",
+        False,
+        {"user": "rita-researcher", "account": "alice"},
+        OPERATOR_API,
+    ),
+    # No identity with that id: operators get not found, everyone else is refused first.
+    "api:cluster-identity-delete": (
+        "post",
+        False,
+        {},
+        {"operator": HIDE, "researcher": DENY, "outsider": DENY, "anonymous": AUTH},
+    ),
     "api:node-list": ("get", False, None, ROLE_API),
     "api:node-detail": ("get", False, None, ROLE_API),
     "api:node-drain": ("post", False, {"reason": "matrix"}, OPERATOR_API),
@@ -115,6 +155,19 @@ EXPECTED: dict[str, tuple[str, bool, dict[str, Any] | None, dict[str, str]]] = {
     "api:job-checkpoints": ("get", True, None, OWNED_API),
     "api:job-logs": ("get", True, None, OWNED_API),
     "api:job-events": ("get", True, None, OWNED_API),
+    "api:job-hold": ("post", True, {}, OWNED_API),
+    "api:job-release": ("post", True, {}, OWNED_API),
+    "api:job-run-again": ("post", True, {}, OWNED_API),
+    "api:job-save-template": ("post", True, {"name": "matrix"}, OWNED_API),
+    "api:job-output": ("get", True, None, OWNED_API),
+    "api:job-rank-outputs": ("get", True, None, OWNED_API),
+    "api:job-rank-output": ("get", True, None, OWNED_API),
+    "api:job-template-list": ("get", False, None, ROLE_API),
+    "api:job-template-create": ("post", False, {}, ROLE_API),
+    "api:job-template-detail": ("get", True, None, OWNED_API),
+    "api:job-template-update": ("post", True, {"shared": True}, OWNED_API),
+    "api:job-template-delete": ("post", True, {}, OWNED_API),
+    "api:job-template-submit": ("post", True, {}, OWNED_API),
     "api:trainer-presets": ("get", False, None, ROLE_API),
     "api:checkpoint-detail": ("get", True, None, OWNED_API),
     "api:checkpoint-verify": ("post", True, {}, OWNED_API),
@@ -123,6 +176,13 @@ EXPECTED: dict[str, tuple[str, bool, dict[str, Any] | None, dict[str, str]]] = {
     "api:drill-detail": ("get", True, None, OWNED_API),
     "api:drill-cancel": ("post", True, {}, OWNED_API),
     "api:drill-policy": ("get", False, None, ROLE_API),
+    "api:cluster-update": ("patch", False, {}, OPERATOR_API),
+    # Subscriptions are one's own: an id that is not (999999) is not found for everyone.
+    "api:notification-subscription-list": ("get", False, None, ROLE_API),
+    "api:notification-subscription-create": ("post", False, {}, ROLE_API),
+    "api:notification-subscription-detail": ("get", False, None, NOT_OWN_API),
+    "api:notification-subscription-remove": ("post", False, {}, NOT_OWN_API),
+    "api:notification-subscription-deliveries": ("get", False, None, NOT_OWN_API),
 }
 # The drill policy is readable by every role but changed by operators only.
 EXTRA_CELLS = [("api:drill-policy", "put", False, {"max_in_flight": 1}, OPERATOR_API)]
@@ -167,6 +227,11 @@ def _kwargs(name: str, route: str, objects: dict[str, Any], world: dict[str, Any
         "checkpoint_id": objects["checkpoint"].pk,
         "drill_id": objects["drill"].pk,
         "step": objects["checkpoint"].step,
+        "template_id": objects["template"].pk,
+        "rank": 0,
+        # Nobody's: the subscription routes answer "not found" the same for every role.
+        "subscription_id": 999999,
+        "identity_id": 999999,
     }
     return {
         key: value for key, value in values.items() if f"<{_converter(route, key)}:{key}>" in route
@@ -254,8 +319,8 @@ def test_matrix(
     }
     tokens = {user.username: persona_tokens[role] for role, user in users.items() if user}
     routes = dict(_routes())
-    own = {key: world[key] for key in ("job", "checkpoint", "drill")}
-    other = {key: world[f"other_{key}"] for key in ("job", "checkpoint", "drill")}
+    own = {key: world[key] for key in ("job", "checkpoint", "drill", "template")}
+    other = {key: world[f"other_{key}"] for key in ("job", "checkpoint", "drill", "template")}
     wrong: list[str] = []
     for name, method, _owned, payload, expected, persona in _cells():
         route = routes[name]

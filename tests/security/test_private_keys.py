@@ -1,6 +1,7 @@
-"""SSH private keys: 0600 files in a 0700 directory, never in the database, a page, the
-admin, the API or the logs. (Unknown and changed host keys are refused: see
-tests/integration/test_clusters.py and tests/nodes/slurm/.)"""
+"""SSH private keys (the service account's, the user CA's, per-user keys): 0600 files in a
+0700 directory, never in the database, a page, the admin, the API or the logs. (Unknown
+and changed host keys are refused: see tests/integration/test_clusters.py and
+tests/nodes/slurm/.)"""
 
 from __future__ import annotations
 
@@ -28,6 +29,8 @@ GET_PAGES = [
     "/admin/nodes/cluster/",
     "/admin/nodes/cluster/{cluster}/change/",
     "/admin/nodes/cluster/add/",
+    "/clusters/{cluster}/access/",
+    "/admin/nodes/clusteridentity/",
 ]
 GET_API = [
     "/api/v1/clusters/",
@@ -37,6 +40,9 @@ GET_API = [
     "/api/v1/audit-events/",
     "/api/v1/jobs/{job}/",
     "/api/v1/clusters/{cluster}/drill-policy/",
+    "/api/v1/clusters/{cluster}/user-ca/",
+    "/api/v1/clusters/{cluster}/identities/",
+    "/api/v1/clusters/{cluster}/identity/",
 ]
 
 
@@ -47,14 +53,33 @@ def _key_text(cluster: Any) -> str:
 
 
 def _fragments(key_text: str) -> list[str]:
-    """Pieces of the key body long enough to be unmistakable."""
+    """Pieces of the key body long enough to be unmistakable. An OpenSSH private key holds
+    its public key too; a piece that is also in the public key line (which Gantry shows, for
+    the user CA and per-user keys) is no secret and is left out."""
+    from cryptography.hazmat.primitives import serialization
+
     body = "".join(line for line in key_text.splitlines() if not line.startswith("-----"))
-    return [body[i : i + 24] for i in range(0, len(body) - 24, 24)]
+    try:
+        key = serialization.load_ssh_private_key(key_text.encode(), password=None)
+        public = key.public_key().public_bytes(
+            serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
+        )
+    except (ValueError, TypeError):
+        public = b""
+    pieces = [body[i : i + 24] for i in range(0, len(body) - 24, 24)]
+    return [piece for piece in pieces if piece.encode() not in public]
 
 
 def test_key_file_is_0600_in_a_0700_directory(dead_cluster: Any, isolated_ssh_dir: Path) -> None:
-    from nodes.cluster_access import known_hosts_path, private_key_path
+    from nodes.cluster_access import known_hosts_path, private_key_path, user_ca_key_path
+    from nodes.identities import cluster_user_ca_ensure
 
+    cluster_user_ca_ensure(actor=None, cluster=dead_cluster)
+    ca = user_ca_key_path(dead_cluster)
+    assert (
+        stat.S_IMODE(ca.stat().st_mode) == 0o600
+        and ca.parent == private_key_path(dead_cluster).parent
+    )
     key = private_key_path(dead_cluster)
     assert stat.S_IMODE(key.stat().st_mode) == 0o600
     assert stat.S_IMODE(key.parent.stat().st_mode) == 0o700
@@ -71,9 +96,27 @@ def test_private_key_never_shown(
     caplog: Any,
     security_figures: Any,
 ) -> None:
+    from factories import JobFactory
+    from nodes.cluster_access import user_ca_key_path, user_key_path
+    from nodes.identities import cluster_user_auth_set, cluster_user_ca_ensure
+
     cluster = world["cluster"]
     fragments = _fragments(_key_text(cluster))
     assert fragments
+    # The user CA, and (user_keys mode, then back) a per-user private key.
+    cluster_user_auth_set(actor=operator, cluster=cluster, user_auth="user_keys")
+    fragments += _fragments(user_key_path(cluster, "alice").read_text())
+    cluster_user_auth_set(actor=operator, cluster=cluster, user_auth="certificate")
+    cluster_user_ca_ensure(actor=operator, cluster=cluster)
+    ca_fragments = _fragments(user_ca_key_path(cluster).read_text())
+    assert len(ca_fragments) >= 5
+    fragments += ca_fragments
+    cluster.refresh_from_db()
+    # A job that runs as alice: reading its log signs a certificate for her (and fails:
+    # the host does not listen), which the logs talk about.
+    as_alice = JobFactory(
+        owner=world["job"].owner, cluster=cluster, run_as="alice", slurm_job_id="77"
+    )
     ids = {"node": world["node"].pk, "job": world["job"].pk, "cluster": cluster.pk}
     pages = Client()
     pages.force_login(operator)
@@ -92,8 +135,12 @@ def test_private_key_never_shown(
     for url in (
         f"/api/v1/clusters/{cluster.pk}/probe/",
         f"/api/v1/nodes/{world['node'].pk}/resume/",
+        f"/api/v1/clusters/{cluster.pk}/user-ca/create/",
     ):
         seen.append((url, api.post(url).content.decode(errors="replace")))
+    for url in (f"/api/v1/jobs/{as_alice.pk}/logs/",):
+        seen.append((url, api.get(url).content.decode(errors="replace")))
+    assert "signed a 600 s certificate for alice@" in caplog.text
 
     # A registration that fails after the key was read: its answer must not echo the key.
     new_key = make_private_key_text()

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from drill_damage import KINDS, Damage
+from drill_damage import REPLICATED_KINDS, Damage
 from trainer_testlib import ckpt, cli, launch_ranks, tiny_config, write_config
 
 from trainer.drill import reference_from_metrics
@@ -86,13 +86,13 @@ def test_clean_checkpoint_passes_on_both_shapes(one_rank_run, two_rank_run, tmp_
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("damage", KINDS, ids=[k.name for k in KINDS])
+@pytest.mark.parametrize("damage", REPLICATED_KINDS, ids=[k.name for k in REPLICATED_KINDS])
 def test_damage_same_shape(one_rank_run, tmp_path, damage):
     _assert_detected(_drill(tmp_path, *one_rank_run, damage), damage)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("damage", KINDS, ids=[k.name for k in KINDS])
+@pytest.mark.parametrize("damage", REPLICATED_KINDS, ids=[k.name for k in REPLICATED_KINDS])
 def test_damage_other_allocation(two_rank_run, tmp_path, damage):
     _assert_detected(_drill(tmp_path, *two_rank_run, damage), damage)
 
@@ -100,7 +100,7 @@ def test_damage_other_allocation(two_rank_run, tmp_path, damage):
 def test_weights_altered_with_valid_hashes_fail_on_another_allocation(two_rank_run, tmp_path):
     """The case from the issue: 1% on the weights, every hash recomputed, 2 ranks → 1.
     The loss alone moved less than its tolerance; the state comparison names the tensors."""
-    damage = next(k for k in KINDS if k.name.startswith("weights altered"))
+    damage = next(k for k in REPLICATED_KINDS if k.name.startswith("weights altered"))
     doc = _drill(tmp_path, *two_rank_run, damage)
     assert doc["verdict"] == "failed" and doc["reason_code"] == "state_mismatch"
     assert doc["integrity"]["ok"] is True

@@ -132,3 +132,30 @@ def losses(run_dir: Path) -> dict[int, float]:
 
 def ckpt(run_dir: Path, step: int) -> Path:
     return run_dir / "checkpoints" / f"step-{step:06d}"
+
+
+def ok(procs: list[subprocess.CompletedProcess]) -> list[subprocess.CompletedProcess]:
+    """Every rank exited 0 (else the first failing rank's stderr)."""
+    for p in procs:
+        assert p.returncode == 0, p.stderr[-3000:]
+    return procs
+
+
+def drill_ranks(
+    world: int, checkpoint: Path, reference: Path, out: Path, steps: int = 3, *extra: str
+) -> tuple[list[int], dict[str, Any]]:
+    """A drill on ``world`` ranks (in-process for one); (exit codes, drill.json)."""
+    args = [
+        "drill",
+        "--checkpoint",
+        str(checkpoint),
+        "--reference",
+        str(reference),
+        "--steps",
+        str(steps),
+        "--out",
+        str(out),
+        *extra,
+    ]
+    codes = [cli(args)] if world == 1 else [p.returncode for p in launch_ranks(world, args)]
+    return codes, json.loads(out.read_text())

@@ -1,6 +1,6 @@
 """Checkpoints: per-rank files + a manifest written last; verification; retention.
 
-Layout ``<root>/step-NNNNNN/`` (format ``gantry-trainer-checkpoint/2``):
+Layout ``<root>/step-NNNNNN/`` (format ``gantry-trainer-checkpoint/3``; 2 is still read):
 
 * ``rank-KKKKK.pt``        per-rank *index*: ``torch.save`` of the state with every tensor
   replaced by a reference, plus the tensor table (dtype, shape, offset, nbytes) and the list
@@ -19,11 +19,15 @@ A directory without ``manifest.json`` is not a checkpoint. Sidecars are how rank
 other ranks' file hashes without a collective in a background thread (collectives would race
 with DDP's); they need the shared filesystem the checkpoint directory lives on anyway.
 Loading reads each data file with large reads straight into the new tensors' memory and
-hashes the same bytes (files in parallel); a mismatch names the file.
+hashes the same bytes (files in parallel); a mismatch names the file. Sharded state (FSDP)
+is saved as each rank's own dim-0 slices, listed in the manifest's ``sharding`` table
+(``sharding``); a loading rank reads only the byte ranges of the rows it will hold from
+every rank's files (``reshard``).
 """
 
 from __future__ import annotations
 
+from ..sharding import rank_summary, sharding_problems, sharding_table
 from .durable import (
     atomic_write_json,
     fsync_dir,
@@ -39,12 +43,14 @@ from .layout import (
     MANIFEST,
     RANK0_KEYS,
     RANK_KEYS,
+    READ_FORMATS,
     CheckpointError,
     data_file_name,
     rank_file_name,
     required_keys,
     sidecar_name,
     step_dir_name,
+    strategy_of,
 )
 from .listing import Entry, apply_retention, complete_checkpoints, list_checkpoints
 from .rankfile import deserialize, load_rank, rank_files, read_index, save_rank, serialize
@@ -59,6 +65,7 @@ __all__ = [
     "MANIFEST",
     "RANK0_KEYS",
     "RANK_KEYS",
+    "READ_FORMATS",
     "CheckpointError",
     "CheckpointWriter",
     "Entry",
@@ -78,6 +85,7 @@ __all__ = [
     "rank_consistency",
     "rank_file_name",
     "rank_files",
+    "rank_summary",
     "read_index",
     "read_rank",
     "required_keys",
@@ -86,8 +94,11 @@ __all__ = [
     "serialize",
     "sha256_file",
     "sha256_files",
+    "sharding_problems",
+    "sharding_table",
     "sidecar_name",
     "step_dir_name",
+    "strategy_of",
     "verify",
     "write_durable",
 ]

@@ -55,19 +55,40 @@ def _flatten(obj: Any, tensors: list[torch.Tensor], seen: dict[tuple[Any, ...], 
     return obj
 
 
-def _unflatten(obj: Any, tensors: list[torch.Tensor]) -> Any:
+def is_ref(obj: Any) -> bool:
+    """Whether ``obj`` is an index's stand-in for a tensor (``{_REF: i}``)."""
+    return isinstance(obj, dict) and len(obj) == 1 and _REF in obj
+
+
+def ref_index(obj: dict[str, Any]) -> int:
+    return int(obj[_REF])
+
+
+def refs_in(obj: Any) -> list[int]:
+    """The tensor indices referenced anywhere in a skeleton, in order."""
+    if is_ref(obj):
+        return [ref_index(obj)]
     if isinstance(obj, dict):
-        if len(obj) == 1 and _REF in obj:
+        return [i for v in obj.values() for i in refs_in(v)]
+    if isinstance(obj, list | tuple):
+        return [i for v in obj for i in refs_in(v)]
+    return []
+
+
+def unflatten(obj: Any, tensors: Any) -> Any:
+    """A skeleton with every reference replaced by ``tensors[i]`` (a list or a dict)."""
+    if isinstance(obj, dict):
+        if is_ref(obj):
             return tensors[obj[_REF]]
-        return {k: _unflatten(v, tensors) for k, v in obj.items()}
+        return {k: unflatten(v, tensors) for k, v in obj.items()}
     if isinstance(obj, list):
-        return [_unflatten(v, tensors) for v in obj]
+        return [unflatten(v, tensors) for v in obj]
     if isinstance(obj, tuple):
-        return tuple(_unflatten(v, tensors) for v in obj)
+        return tuple(unflatten(v, tensors) for v in obj)
     return obj
 
 
-def _dtype(name: str) -> torch.dtype:
+def dtype_of(name: str) -> torch.dtype:
     dt = getattr(torch, name, None)
     if not isinstance(dt, torch.dtype):
         raise ValueError(f"unknown dtype {name!r}")
@@ -147,7 +168,7 @@ def save_rank(state: dict[str, Any], d: str, rank: int) -> list[dict[str, Any]]:
     return out
 
 
-def _read_into(path: str, pieces: list[memoryview], size: int) -> str:
+def read_into(path: str, pieces: list[memoryview], size: int) -> str:
     """Read a file straight into ``pieces`` (in order) with large reads, hashing the same
     bytes; returns the sha256. Raises if the file is shorter or longer than ``size``."""
     h = hashlib.sha256()
@@ -189,7 +210,7 @@ def rank_files(manifest: dict[str, Any], rank: int) -> tuple[dict[str, Any], lis
     return index[0], [f for f in mine if f.get("role") == "data"]
 
 
-def _check_present(path: str, f: dict[str, Any]) -> None:
+def check_present(path: str, f: dict[str, Any]) -> None:
     name = f["name"]
     try:
         actual = os.path.getsize(os.path.join(path, name))
@@ -203,7 +224,7 @@ def _check_present(path: str, f: dict[str, Any]) -> None:
         )
 
 
-def _hash_error(name: str, got: str, want: str) -> CheckpointError:
+def hash_error(name: str, got: str, want: str) -> CheckpointError:
     return CheckpointError(
         Reason.INTEGRITY_HASH_MISMATCH,
         f"{name}: sha256 {got[:16]}... != manifest {want[:16]}... (content corrupted)",
@@ -216,12 +237,12 @@ def read_index(
     """Read, hash-check and parse a rank's index file; with ``data`` (the manifest's data
     entries of that rank) also check that the index describes exactly those files."""
     name = f["name"]
-    _check_present(path, f)
+    check_present(path, f)
     with open(os.path.join(path, name), "rb") as fh:
         raw = fh.read()
     got = hashlib.sha256(raw).hexdigest()
     if got != f["sha256"]:
-        raise _hash_error(name, got, f["sha256"])
+        raise hash_error(name, got, f["sha256"])
     try:
         index = deserialize(raw)
         if not isinstance(index, dict) or index.get("format") != INDEX_FORMAT:
@@ -238,7 +259,7 @@ def read_index(
             numel = 1
             for n in ent["shape"]:
                 numel *= int(n)
-            if numel * _dtype(ent["dtype"]).itemsize != ent["nbytes"]:
+            if numel * dtype_of(ent["dtype"]).itemsize != ent["nbytes"]:
                 raise ValueError("tensor table entry size does not match dtype x shape")
         pos = 0
         for x in files:
@@ -304,7 +325,7 @@ def load_rank(
     fidx, data = rank_files(manifest, rank)
     index = read_index(path, fidx, data)
     for f in data:
-        _check_present(path, f)
+        check_present(path, f)
     table = index["tensors"]
     direct: dict[int, torch.Tensor] = {}
     if into:
@@ -320,7 +341,7 @@ def load_rank(
         (
             f["name"],
             pool.submit(
-                _read_into,
+                read_into,
                 os.path.join(path, f["name"]),
                 _pieces(table, views, int(f["offset"]), int(f["offset"]) + int(f["size"])),
                 int(f["size"]),
@@ -339,14 +360,14 @@ def load_rank(
             err = err or CheckpointError(Reason.LOAD_ERROR, f"{name}: cannot be read: {exc}")
             continue
         if got != want[name] and err is None:
-            err = _hash_error(name, got, want[name])
+            err = hash_error(name, got, want[name])
     if err is not None:
         raise err
     tensors = [
-        b if i in direct else b.view(_dtype(e["dtype"])).reshape(e["shape"])
+        b if i in direct else b.view(dtype_of(e["dtype"])).reshape(e["shape"])
         for i, (b, e) in enumerate(zip(bufs, table, strict=True))
     ]
-    state = _unflatten(index["state"], tensors)
+    state = unflatten(index["state"], tensors)
     names = [fidx["name"]] + [f["name"] for f in index["data_files"]]
     return state, names, int(fidx["size"]) + int(index["data_bytes"])
 

@@ -7,9 +7,19 @@ import os
 import time
 from typing import Any
 
+from ..config import STRATEGIES
 from ..schema import Reason
+from ..sharding import rank_summary, sharding_problems
+from ..statekeys import SHARDS
 from .durable import sha256_files
-from .layout import FORMAT, MANIFEST, CheckpointError, first_line, required_keys
+from .layout import (
+    MANIFEST,
+    READ_FORMATS,
+    CheckpointError,
+    first_line,
+    required_keys,
+    strategy_of,
+)
 from .listing import list_checkpoints
 from .rankfile import load_rank, rank_files, read_index
 
@@ -28,8 +38,16 @@ def load_manifest(path: str) -> dict[str, Any]:
             manifest = json.load(fh)
     except (OSError, json.JSONDecodeError) as exc:
         raise CheckpointError(Reason.LOAD_ERROR, f"manifest.json unreadable: {exc}") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise CheckpointError(Reason.LOAD_ERROR, f"manifest.json is not a {FORMAT} manifest")
+    if not isinstance(manifest, dict) or manifest.get("format") not in READ_FORMATS:
+        raise CheckpointError(
+            Reason.LOAD_ERROR,
+            f"manifest.json is not a checkpoint manifest this trainer reads "
+            f"({', '.join(READ_FORMATS)})",
+        )
+    if strategy_of(manifest) not in STRATEGIES:
+        raise CheckpointError(
+            Reason.LOAD_ERROR, f"manifest.json: unknown strategy {manifest.get('strategy')!r}"
+        )
     for key in ("step", "world_size", "files", "state_keys", "config"):
         if key not in manifest:
             raise CheckpointError(Reason.LOAD_ERROR, f"manifest.json lacks {key!r}")
@@ -74,10 +92,12 @@ def _file_items(path: str, manifest: dict[str, Any], report: dict[str, Any]) -> 
         item["sha256_ok"] = digest == f["sha256"]
 
 
-def _file_problem(f: dict[str, Any], item: dict[str, Any]) -> Problem:
+def _file_problem(f: dict[str, Any], item: dict[str, Any], sharded: bool = False) -> Problem:
     name = f["name"]
     if not item["exists"]:
-        return Reason.MISSING_FILE, f"{name}: file is missing"
+        # In a sharded checkpoint no other rank holds these slices: say whose they are.
+        whose = f" (rank {f['rank']}'s shard of the model and optimizer state)" if sharded else ""
+        return Reason.MISSING_FILE, f"{name}: file is missing{whose}"
     if not item["size_ok"]:
         actual, size = item["actual_size"], f["size"]
         trunc = " (truncated)" if actual < size else ""
@@ -113,7 +133,8 @@ def _index_problem(
     """The required state keys of a rank's (intact) index: as listed in the manifest, and
     with ``deep`` as the index itself holds them and the data files it describes."""
     rank = int(f["rank"])
-    missing_listed = [k for k in required_keys(rank) if k not in f.get("keys", [])]
+    required = required_keys(rank, strategy_of(manifest))
+    missing_listed = [k for k in required if k not in f.get("keys", [])]
     if missing_listed:
         return _missing_state(report, item, rank, missing_listed)
     if deep:
@@ -121,7 +142,7 @@ def _index_problem(
             index = read_index(path, f, rank_files(manifest, rank)[1])
         except CheckpointError as exc:
             return exc.code, exc.reason
-        absent = [k for k in required_keys(rank) if k not in index["state"]]
+        absent = [k for k in required if k not in index["state"]]
         if absent:
             return _missing_state(report, item, rank, absent)
     item["keys_ok"] = True
@@ -161,6 +182,8 @@ def verify(path: str, deep: bool = True) -> dict[str, Any]:
     report["world_size_at_save"] = manifest["world_size"]
     report["state_keys"] = manifest["state_keys"]
     report["async"] = manifest.get("async")
+    report["strategy"] = strategy_of(manifest)
+    report["ranks"] = rank_summary(manifest)
     _file_items(path, manifest, report)
     problems: list[Problem] = []
     bad_ranks: set[int] = set()
@@ -168,7 +191,7 @@ def verify(path: str, deep: bool = True) -> dict[str, Any]:
     for f, item in pairs:
         if not item["sha256_ok"]:
             bad_ranks.add(int(f["rank"]))
-            problems.append(_file_problem(f, item))
+            problems.append(_file_problem(f, item, strategy_of(manifest) == "fsdp"))
     ranks_listed: set[int] = set()
     for f, item in pairs:
         if item["role"] != "index":
@@ -197,17 +220,30 @@ def verify(path: str, deep: bool = True) -> dict[str, Any]:
     return report
 
 
+def _resumable(path: str) -> tuple[str, str] | None:
+    """Why ``path`` cannot be resumed from (code, reason), or None: every file intact
+    (``verify``) and every rank's index consistent with the manifest and the sharding."""
+    rep = verify(path, deep=True)
+    if not rep["ok"]:
+        return rep["reason_code"], rep["reason"]
+    problems = rank_consistency(path, load_manifest(path))
+    if problems:
+        return Reason.INCONSISTENT_STATE, "; ".join(problems[:3])
+    return None
+
+
 def resolve(run_dir: str | None, spec: str) -> tuple[str, list[str]]:
     """Resolve ``--resume`` to a verified checkpoint path; returns (path, notes).
 
     ``latest`` walks complete checkpoints newest first and falls back past bad ones (saying
-    so in the notes); an explicit path that fails verification raises CheckpointError.
+    so in the notes); an explicit path that fails verification or rank consistency raises
+    CheckpointError.
     """
     notes: list[str] = []
     if spec != "latest":
-        rep = verify(spec, deep=True)
-        if not rep["ok"]:
-            raise CheckpointError(rep["reason_code"], f"{spec}: {rep['reason']}")
+        bad = _resumable(spec)
+        if bad is not None:
+            raise CheckpointError(bad[0], f"{spec}: {bad[1]}")
         return spec, notes
     if not run_dir:
         raise CheckpointError(Reason.MISSING_FILE, "--resume latest needs --run-dir")
@@ -218,12 +254,12 @@ def resolve(run_dir: str | None, spec: str) -> tuple[str, list[str]]:
         if not e.complete:
             notes.append(f"skipping {name}: no manifest.json (incomplete checkpoint)")
             continue
-        rep = verify(e.path, deep=True)
-        if rep["ok"]:
+        bad = _resumable(e.path)
+        if bad is None:
             if notes:
                 notes.append(f"falling back to {name}, the newest complete checkpoint")
             return e.path, notes
-        notes.append(f"skipping {name}: {rep['reason']}")
+        notes.append(f"skipping {name}: {bad[1]}")
     raise CheckpointError(
         Reason.MISSING_MANIFEST,
         f"no complete checkpoint under {root}" + ("; " + "; ".join(notes) if notes else ""),
@@ -246,6 +282,7 @@ def rank_consistency(path: str, manifest: dict[str, Any]) -> list[str]:
     save_id = manifest.get("save_id")
     positions: dict[int, Any] = {}
     datasets: dict[int, Any] = {}
+    own_shards: dict[int, dict[str, Any]] = {}
     for rank in range(world):
         try:
             entry, data_files = rank_files(manifest, rank)
@@ -269,10 +306,19 @@ def rank_consistency(path: str, manifest: dict[str, Any]) -> list[str]:
             problems.append(f"{name}: written by another training session than the manifest's")
         positions[rank] = data.get("samples_consumed")
         datasets[rank] = data.get("dataset_sha256")
+        if isinstance(state.get(SHARDS), dict):
+            own_shards[rank] = state[SHARDS]
     if len(set(positions.values())) > 1:
         problems.append(f"ranks disagree on the data position: {positions}")
     if len(set(datasets.values())) > 1:
         problems.append("ranks disagree on the dataset")
     elif datasets and manifest.get("dataset_sha256") not in (None, *datasets.values()):
         problems.append("the ranks' dataset is not the manifest's")
+    if "sharding" in manifest:
+        problems += sharding_problems(manifest, own_shards)
+    configured = (manifest.get("config") or {}).get("strategy", "ddp")
+    if strategy_of(manifest) != configured:
+        problems.append(
+            f"the manifest says strategy {strategy_of(manifest)!r}, its config {configured!r}"
+        )
     return problems

@@ -10,6 +10,8 @@ from collections.abc import Callable
 from typing import Any
 
 from ..fingerprint import merge
+from ..sharding import sharding_table
+from ..statekeys import SHARDS
 from .durable import atomic_write_json, fsync_dir
 from .layout import FORMAT, MANIFEST, fault_point, sidecar_name, step_dir_name
 from .listing import apply_retention
@@ -103,6 +105,7 @@ class CheckpointWriter:
             "keys": sorted(state.keys()),
             "save_id": self.save_id,
             "fingerprint": part,
+            "shards": state.get(SHARDS) or {},
         }
         del state
         atomic_write_json(os.path.join(d, sidecar_name(self.rank)), info)
@@ -110,34 +113,7 @@ class CheckpointWriter:
             return
         files = self._collect_sidecars(d)
         fault_point("crash_before_manifest", step)
-        state_keys = sorted(
-            {k for f in files for k in f["keys"] if k not in ("rng", "data", "meta")}
-            | {f"{k}/rank{f['rank']}" for f in files for k in ("rng", "data")}
-            | {"meta"}
-        )
-        manifest = {
-            "format": FORMAT,
-            "step": step,
-            "world_size": self.world_size,
-            "files": [
-                {
-                    "name": x["name"],
-                    "rank": f["rank"],
-                    "role": x["role"],
-                    "size": x["size"],
-                    "sha256": x["sha256"],
-                    **({"keys": f["keys"]} if x["role"] == "index" else {}),
-                }
-                for f in files
-                for x in f["files"]
-            ],
-            "state_keys": state_keys,
-            "total_bytes": sum(x["size"] for f in files for x in f["files"]),
-            "created": time.time(),
-            "async": self.async_save,
-            "save_id": self.save_id,
-            **extra,
-        }
+        manifest = self._manifest(step, files, extra)
         parts = [f.get("fingerprint") for f in files]
         fingerprint = merge([p for p in parts if p]) if all(parts) else None
         if fingerprint is not None:
@@ -159,6 +135,41 @@ class CheckpointWriter:
         self.completed.append(result)
         if self.on_complete is not None:
             self.on_complete(result)
+
+    def _manifest(
+        self, step: int, sidecars: list[dict[str, Any]], extra: dict[str, Any]
+    ) -> dict[str, Any]:
+        """The manifest from every rank's sidecar: files, state keys, sharding table."""
+        state_keys = sorted(
+            {k for f in sidecars for k in f["keys"] if k not in ("rng", "data", "meta", SHARDS)}
+            | {f"{k}/rank{f['rank']}" for f in sidecars for k in ("rng", "data")}
+            | {"meta"}
+        )
+        return {
+            "format": FORMAT,
+            "step": step,
+            "world_size": self.world_size,
+            "files": [
+                {
+                    "name": x["name"],
+                    "rank": f["rank"],
+                    "role": x["role"],
+                    "size": x["size"],
+                    "sha256": x["sha256"],
+                    **({"keys": f["keys"]} if x["role"] == "index" else {}),
+                }
+                for f in sidecars
+                for x in f["files"]
+            ],
+            "state_keys": state_keys,
+            "total_bytes": sum(x["size"] for f in sidecars for x in f["files"]),
+            "created": time.time(),
+            "async": self.async_save,
+            "save_id": self.save_id,
+            "strategy": extra.get("strategy", "ddp"),
+            "sharding": sharding_table(sidecars),
+            **extra,
+        }
 
     def _collect_sidecars(self, d: str) -> list[dict[str, Any]]:
         deadline = time.monotonic() + self.sidecar_timeout_s

@@ -47,6 +47,12 @@ class Command(BaseCommand):
             action="store_true",
             help="without --fingerprint: pin whatever host key the server presents now",
         )
+        parser.add_argument(
+            "--user-auth",
+            choices=["certificate", "user_keys", "service_account"],
+            help="how Gantry acts as users there (a new cluster: certificate; service_account "
+            "is the legacy single-account mode, only when chosen)",
+        )
         parser.add_argument("--default", action="store_true", help="make it the default cluster")
         parser.add_argument("--sync", action="store_true", help="sync the inventory right away")
 
@@ -97,6 +103,7 @@ class Command(BaseCommand):
                 update_existing=True,
                 sync=False,
                 trust_on_first_use=options["trust_on_first_use"],
+                user_auth=options["user_auth"],
             )
         except ApplicationError as error:
             raise CommandError(error.message) from None
@@ -114,6 +121,7 @@ class Command(BaseCommand):
             f"Slurm {info.slurm_version}, cluster name {info.cluster_name}, "
             f"partitions {partitions}, accounting {accounting}"
         )
+        self.stdout.write(f"users' work runs via: {cluster.user_auth}")
         if options["sync"]:
             result = cluster_sync(cluster_id=cluster.pk)
             if not result.ok:

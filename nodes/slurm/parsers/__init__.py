@@ -52,6 +52,13 @@ from nodes.slurm.parsers.models import (
     SlurmNode,
     Switch,
 )
+from nodes.slurm.parsers.queue import (
+    SQUEUE_START_FORMAT,
+    PendingStart,
+    QueuePlace,
+    parse_squeue_start,
+    queue_places,
+)
 from nodes.slurm.units import Gres, parse_count
 
 __all__ = [
@@ -59,12 +66,15 @@ __all__ = [
     "FINAL_JOB_STATES",
     "SACCT_TEXT_FIELDS",
     "SINFO_TEXT_FORMAT",
+    "SQUEUE_START_FORMAT",
     "SQUEUE_TEXT_FORMAT",
     "TEXT_SEPARATOR",
     "ClusterInfo",
     "Gres",
     "Inventory",
     "Partition",
+    "PendingStart",
+    "QueuePlace",
     "SlurmJob",
     "SlurmNode",
     "Switch",
@@ -84,7 +94,9 @@ __all__ = [
     "parse_sinfo_json",
     "parse_sinfo_text",
     "parse_squeue_json",
+    "parse_squeue_start",
     "parse_squeue_text",
     "parse_topology",
     "parse_version",
+    "queue_places",
 ]

@@ -1,0 +1,38 @@
+"""Show (creating it if missing) a cluster's user CA: its public key and the sshd line."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError
+
+from nodes.identities import cluster_user_ca_ensure, sshd_config_line, trusted_ca_file
+from nodes.models import Cluster
+
+
+class Command(BaseCommand):
+    help = (
+        "Print the public key of a cluster's user CA (created if missing, audited) and the "
+        "line its login node's sshd_config needs. The private key is never printed."
+    )
+
+    def add_arguments(self, parser: Any) -> None:
+        parser.add_argument("--cluster", required=True, help="the cluster's name in Gantry")
+        parser.add_argument(
+            "--public-key", action="store_true", help="print only the public key line"
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        cluster = Cluster.objects.filter(name=options["cluster"]).first()
+        if cluster is None:
+            raise CommandError(f"no cluster named {options['cluster']!r}")
+        if cluster.user_auth != Cluster.UserAuth.CERTIFICATE:
+            raise CommandError(f"{cluster.name} does not use certificates ({cluster.user_auth})")
+        public = cluster_user_ca_ensure(actor=None, cluster=cluster)
+        if options["public_key"]:
+            self.stdout.write(public)
+            return
+        self.stdout.write(f"Put this line in {trusted_ca_file(cluster)} on the login node:")
+        self.stdout.write(public)
+        self.stdout.write("and add to its sshd_config (then reload sshd):")
+        self.stdout.write(sshd_config_line(cluster))

@@ -1,0 +1,235 @@
+"""What the collector reads: the happenings already recorded by the apps, as event drafts.
+
+- a job ending: its ``JobEvent`` into a final state (one event per job);
+- a drill finishing: ``RestoreDrill.finished_at`` with its verdict, or its cancellation
+  (one per drill);
+- a node entering a drained or a down state: its ``NodeEvent`` (one per event row; a node
+  going from draining to drained is not a second drain);
+- a running job over its cluster's proven-age limit (``jobs.work_at_risk``): one per job and
+  newest proven checkpoint, so a job that gets a new proof and ages past the limit again is
+  a new breach.
+
+Each reader takes its window; rows written late (a transaction that committed after the
+previous read) fall in the next window, which overlaps the last one by time and by id, and
+``source_key`` keeps a happening that is read twice one event. A fixed number of queries per
+read, on indexes: the event tables by primary key, drills by (verdict, finished_at).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from django.conf import settings
+from django.db.models import F, Max
+from django.urls import reverse
+
+from drills.models import RestoreDrill
+from jobs.goodput import format_duration
+from jobs.models import Job, JobEvent
+from jobs.work_at_risk import proven_age_breaches
+from nodes.models import Node, NodeEvent
+from notifications.topics import EventKind
+
+DRAINED_STATES = frozenset({Node.State.DRAINING, Node.State.DRAINED})
+DOWN_STATES = frozenset({Node.State.DOWN, Node.State.FAIL, Node.State.FAILING})
+
+
+@dataclass
+class EventDraft:
+    source_key: str
+    kind: str
+    occurred_at: datetime
+    title: str
+    cluster_id: int | None
+    owner_id: int | None = None
+    requester_id: int | None = None
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+def link(path: str) -> str:
+    """An absolute link when ``GANTRY_BASE_URL`` is set, else the path."""
+    return f"{settings.GANTRY_BASE_URL}{path}" if settings.GANTRY_BASE_URL else path
+
+
+@dataclass(frozen=True)
+class Window:
+    """What one read covers: rows newer than ``since`` and with an id in ``(after_id,
+    upto_id]``. The id range keeps the read on the primary key's index (the event tables
+    have no index on the time alone); the time keeps out old rows that the id overlap
+    would reach back to."""
+
+    since: datetime
+    after_id: int
+    upto_id: int
+
+
+def newest_id(model: type[JobEvent] | type[NodeEvent]) -> int:
+    return int(model.objects.aggregate(newest=Max("id"))["newest"] or 0)
+
+
+def job_endings(*, window: Window) -> list[EventDraft]:
+    rows = (
+        JobEvent.objects.filter(
+            id__gt=window.after_id,
+            id__lte=window.upto_id,
+            at__gt=window.since,
+            to_state__in=Job.FINAL_STATES,
+        )
+        .exclude(from_state=F("to_state"))
+        .select_related("job", "job__cluster", "job__owner")
+        .order_by("at", "id")
+    )
+    drafts = []
+    for row in rows:
+        job = row.job
+        drafts.append(
+            EventDraft(
+                source_key=f"job:{job.id}:ended",
+                kind=EventKind.JOB_ENDED,
+                occurred_at=row.at,
+                title=f"job {job.name} {job.get_state_display()}",
+                cluster_id=job.cluster_id,
+                owner_id=job.owner_id,
+                data={
+                    "job": {
+                        "id": str(job.id),
+                        "name": job.name,
+                        "state": row.to_state,
+                        "reason": job.state_reason,
+                        "exit_code": job.exit_code,
+                        "slurm_job_id": job.slurm_job_id,
+                        "cluster": job.cluster.name,
+                        "owner": job.owner.get_username(),
+                        "last_step": job.last_step,
+                        "url": link(reverse("job-detail", args=[job.id])),
+                    }
+                },
+            )
+        )
+    return drafts
+
+
+def drill_outcomes(*, since: datetime) -> list[EventDraft]:
+    rows = (
+        RestoreDrill.objects.filter(
+            # Every verdict ("" for a cancelled drill): the (verdict, finished_at) index.
+            verdict__in=[*RestoreDrill.Verdict.values, ""],
+            finished_at__gt=since,
+            state__in=[RestoreDrill.State.FINISHED, RestoreDrill.State.CANCELLED],
+        )
+        .select_related("checkpoint", "checkpoint__job", "checkpoint__job__cluster")
+        .order_by("finished_at", "id")
+    )
+    drafts = []
+    for drill in rows:
+        job = drill.checkpoint.job
+        verdict = drill.verdict or "cancelled"
+        drafts.append(
+            EventDraft(
+                source_key=f"drill:{drill.id}:finished",
+                kind=EventKind.DRILL_FINISHED,
+                occurred_at=drill.finished_at or since,
+                title=f"restore drill of {job.name} @ step {drill.checkpoint.step}: {verdict}",
+                cluster_id=drill.cluster_id or job.cluster_id,
+                owner_id=job.owner_id,
+                requester_id=drill.requested_by_id,
+                data={
+                    "verdict": verdict,
+                    "drill": {
+                        "id": str(drill.id),
+                        "verdict": verdict,
+                        "reason": drill.reason,
+                        "reason_code": drill.reason_code,
+                        "trigger": drill.trigger,
+                        "checkpoint_step": drill.checkpoint.step,
+                        "job": {"id": str(job.id), "name": job.name},
+                        "cluster": job.cluster.name,
+                        "url": link(reverse("drill-detail", args=[drill.id])),
+                    },
+                },
+            )
+        )
+    return drafts
+
+
+def node_changes(*, window: Window) -> list[EventDraft]:
+    rows = (
+        NodeEvent.objects.filter(
+            id__gt=window.after_id,
+            id__lte=window.upto_id,
+            at__gt=window.since,
+            to_state__in=[*DRAINED_STATES, *DOWN_STATES],
+        )
+        .select_related("node", "node__cluster")
+        .order_by("at", "id")
+    )
+    drafts = []
+    for row in rows:
+        if row.to_state in DRAINED_STATES and row.from_state not in DRAINED_STATES:
+            kind, what = EventKind.NODE_DRAINED, "drained"
+        elif row.to_state in DOWN_STATES and row.from_state not in DOWN_STATES:
+            kind, what = EventKind.NODE_DOWN, "down"
+        else:
+            continue
+        node = row.node
+        drafts.append(
+            EventDraft(
+                source_key=f"nodeevent:{row.id}",
+                kind=kind,
+                occurred_at=row.at,
+                title=f"node {node.cluster.name}/{node.name} {what} ({row.to_state})",
+                cluster_id=node.cluster_id,
+                data={
+                    "node": {
+                        "name": node.name,
+                        "cluster": node.cluster.name,
+                        "from_state": row.from_state,
+                        "to_state": row.to_state,
+                        "message": row.message,
+                        "url": link(reverse("node-detail", args=[node.id])),
+                    }
+                },
+            )
+        )
+    return drafts
+
+
+def breaches(*, now: datetime) -> list[EventDraft]:
+    drafts = []
+    for risk in proven_age_breaches(jobs=Job.objects.all(), now=now):
+        reference = risk.proven.step if risk.proven.step is not None else "none"
+        proof = (
+            f"proven step {risk.proven.step} is {format_duration(risk.proven.age_s)} old"
+            if risk.proven.step is not None
+            else f"no proven checkpoint in {format_duration(risk.proven.age_s)}"
+        )
+        drafts.append(
+            EventDraft(
+                source_key=f"breach:{risk.job_id}:{reference}",
+                kind=EventKind.PROVEN_AGE_BREACH,
+                occurred_at=now,
+                title=f"job {risk.name}: {proof} (limit {format_duration(risk.max_proven_age_s)})",
+                cluster_id=risk.cluster_id,
+                owner_id=risk.owner_id,
+                data={
+                    "job": {
+                        "id": risk.job_id,
+                        "name": risk.name,
+                        "cluster": risk.cluster,
+                        "url": link(reverse("job-detail", args=[risk.job_id])),
+                    },
+                    "work_at_risk": _json_safe(risk.as_dict()),
+                },
+            )
+        )
+    return drafts
+
+
+def _json_safe(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {key: _json_safe(item) for key, item in value.items()}
+    if isinstance(value, datetime):
+        return value.isoformat()
+    return value

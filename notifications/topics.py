@@ -1,0 +1,89 @@
+"""What one can subscribe to (topics), what happens (event kinds), and who gets what.
+
+A user's own topics: their jobs ending, their restore drills finishing (drills of their jobs
+or that they started). Operators' topics: cluster events (a node drained or down, any
+drill failing, a running job's proven checkpoint older than its cluster allows), optionally
+for one cluster. One event reaches one subscription at most once, whichever of its topics
+match: ``subscription_wants`` is the one rule, used when deliveries are made and again
+right before one is sent (a person who lost the operator role gets nothing more).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import models
+
+
+class Topic(models.TextChoices):
+    JOB_ENDED = "job.ended", "my jobs end (completed, failed, cancelled, timed out, lost)"
+    DRILL_FINISHED = "drill.finished", "my restore drills finish (any verdict)"
+    NODE_DRAINED = "node.drained", "a node is drained (operators)"
+    NODE_DOWN = "node.down", "a node goes down or fails (operators)"
+    DRILL_FAILED = "drill.failed", "any restore drill fails (operators)"
+    PROVEN_AGE_BREACH = (
+        "proven_age.breach",
+        "a running job's newest proven checkpoint is older than its cluster allows (operators)",
+    )
+
+
+OPERATOR_TOPICS = frozenset(
+    {Topic.NODE_DRAINED, Topic.NODE_DOWN, Topic.DRILL_FAILED, Topic.PROVEN_AGE_BREACH}
+)
+
+
+class EventKind(models.TextChoices):
+    JOB_ENDED = "job.ended"
+    DRILL_FINISHED = "drill.finished"
+    NODE_DRAINED = "node.drained"
+    NODE_DOWN = "node.down"
+    PROVEN_AGE_BREACH = "proven_age.breach"
+
+
+@dataclass(frozen=True)
+class Audience:
+    """Who the event is about: the owner of the job, who started the drill, which cluster."""
+
+    kind: str
+    cluster_id: int | None
+    owner_id: int | None
+    requester_id: int | None
+    data: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Subscriber:
+    user_id: int
+    is_operator: bool
+    topics: frozenset[str]
+    cluster_id: int | None
+
+
+# The operators' topic that each cluster event kind answers to.
+_OPERATOR_TOPIC_OF_KIND: dict[str, str] = {
+    EventKind.NODE_DRAINED.value: Topic.NODE_DRAINED.value,
+    EventKind.NODE_DOWN.value: Topic.NODE_DOWN.value,
+    EventKind.PROVEN_AGE_BREACH.value: Topic.PROVEN_AGE_BREACH.value,
+}
+
+
+def subscription_wants(subscriber: Subscriber, event: Audience) -> bool:
+    """Whether this event goes to this subscription (at most once, whatever matches)."""
+    mine = subscriber.user_id in (event.owner_id, event.requester_id)
+    if event.kind == EventKind.JOB_ENDED:
+        return Topic.JOB_ENDED in subscriber.topics and subscriber.user_id == event.owner_id
+    if (
+        event.kind == EventKind.DRILL_FINISHED
+        and Topic.DRILL_FINISHED in subscriber.topics
+        and mine
+    ):
+        return True
+    if not subscriber.is_operator:
+        return False
+    if subscriber.cluster_id is not None and subscriber.cluster_id != event.cluster_id:
+        return False
+    if event.kind == EventKind.DRILL_FINISHED:
+        return Topic.DRILL_FAILED in subscriber.topics and event.data.get("verdict") == "failed"
+    operator_topic = _OPERATOR_TOPIC_OF_KIND.get(str(event.kind))
+    return operator_topic is not None and operator_topic in subscriber.topics
