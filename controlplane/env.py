@@ -7,6 +7,7 @@ and says what is wrong, so start-up fails with a message a person can act on.
 from __future__ import annotations
 
 import ipaddress
+import math
 import os
 import re
 from collections.abc import Mapping
@@ -65,6 +66,31 @@ def envint(
             value = int(raw.strip())
         except ValueError:
             raise ImproperlyConfigured(f"{name}={raw!r} is not an integer.") from None
+    if minimum is not None and value < minimum:
+        raise ImproperlyConfigured(f"{name}={value} is below the minimum of {minimum}.")
+    if maximum is not None and value > maximum:
+        raise ImproperlyConfigured(f"{name}={value} is above the maximum of {maximum}.")
+    return value
+
+
+def envfloat(
+    name: str,
+    default: float,
+    *,
+    minimum: float | None = None,
+    maximum: float | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> float:
+    raw = _environ(environ).get(name)
+    if raw is None or raw.strip() == "":
+        value = default
+    else:
+        try:
+            value = float(raw.strip())
+        except ValueError:
+            raise ImproperlyConfigured(f"{name}={raw!r} is not a number.") from None
+        if not math.isfinite(value):
+            raise ImproperlyConfigured(f"{name}={raw!r} is not a finite number.")
     if minimum is not None and value < minimum:
         raise ImproperlyConfigured(f"{name}={value} is below the minimum of {minimum}.")
     if maximum is not None and value > maximum:

@@ -15,6 +15,7 @@ from controlplane import tasknames
 from controlplane.env import (
     database_from_url,
     envbool,
+    envfloat,
     envint,
     envlist,
     envnetworks,
@@ -194,9 +195,14 @@ CELERY_TASK_PUBLISH_RETRY_POLICY = {
 }
 CELERY_BROKER_CONNECTION_TIMEOUT = 2
 CELERY_TASK_ALWAYS_EAGER = False
+# How often beat looks for clusters whose next watcher cycle is due.
+RECONCILE_BEAT_TICK_SECONDS = 1.0
 CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
     "clusters-sync-due": {"task": tasknames.CLUSTERS_SYNC_DUE, "schedule": 2.0},
-    "clusters-reconcile-due": {"task": tasknames.CLUSTERS_RECONCILE_DUE, "schedule": 1.0},
+    "clusters-reconcile-due": {
+        "task": tasknames.CLUSTERS_RECONCILE_DUE,
+        "schedule": RECONCILE_BEAT_TICK_SECONDS,
+    },
     "drill-policies": {
         "task": tasknames.DRILL_POLICIES_APPLY,
         "schedule": float(envint("GANTRY_DRILL_POLICY_INTERVAL", 30, minimum=1)),
@@ -224,8 +230,11 @@ SYNC_INTERVAL_SECONDS = envint("GANTRY_SYNC_INTERVAL", 30, minimum=2)
 RECONCILE_INTERVAL_SECONDS = envint("GANTRY_RECONCILE_INTERVAL", 5, minimum=1)
 # How often the watcher asks Slurm (squeue --start) when pending jobs may start.
 PENDING_REFRESH_SECONDS = envint("GANTRY_PENDING_REFRESH", 30, minimum=5)
-# While a drill is in flight (someone waits for its verdict): this often, no back-off.
-RECONCILE_FAST_INTERVAL_SECONDS = envint("GANTRY_RECONCILE_FAST_INTERVAL", 1, minimum=1)
+# While a drill is in flight (someone waits for its verdict): this often, no back-off. Below
+# beat's tick, each cycle enqueues the next itself (watcher.tasks).
+RECONCILE_FAST_INTERVAL_SECONDS = envfloat(
+    "GANTRY_RECONCILE_FAST_INTERVAL", 0.5, minimum=0.2, maximum=60
+)
 SUBMIT_LEASE_SECONDS = envint("GANTRY_SUBMIT_LEASE", 120, minimum=5)
 SUBMIT_REQUEUE_AFTER_SECONDS = envint("GANTRY_SUBMIT_REQUEUE_AFTER", 60, minimum=5)
 JOB_LOST_AFTER_SECONDS = envint("GANTRY_JOB_LOST_AFTER", 600, minimum=30)

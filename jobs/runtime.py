@@ -88,8 +88,9 @@ def render_sbatch(spec: ScriptSpec) -> str:
     """The job script. Resources are #SBATCH lines so the file on the cluster tells all.
 
     It records how it ended (``gantry-exit-<slurm id>.json`` in the run directory: exit
-    code, and ``TERM`` when Slurm stopped it), so a cluster without accounting still tells
-    Gantry how each job finished.
+    code, ``TERM`` when Slurm stopped it, and when the script started and ended, in unix
+    seconds with nanoseconds), so a cluster without accounting still tells Gantry how each
+    job finished.
     """
     quote = shlex.quote
     for name, _ in spec.environment:
@@ -125,12 +126,19 @@ def render_sbatch(spec: ScriptSpec) -> str:
         "set -euo pipefail",
         f"gantry_run={quote(spec.run_dir)}",
         "gantry_signal=null",
+        "# Unix seconds with nanoseconds where date knows %N; whole seconds elsewhere.",
+        "gantry_now() {",
+        '  t=$(date +%s.%N 2>/dev/null) || t=""',
+        '  case "$t" in "" | *[!0-9.]*) date +%s ;; *) echo "$t" ;; esac',
+        "}",
+        "gantry_started=$(gantry_now)",
         "# Record how the script ended (any exit), without changing its exit status.",
         "gantry_exit() {",
         "  rc=$?",
         "  set +e",
         '  { printf \'{"slurm_job_id": "%s", "exit_code": %d, "signal": %s, '
-        '"ended": %s}\\n\' "$SLURM_JOB_ID" "$rc" "$gantry_signal" "$(date +%s)" '
+        '"started": %s, "ended": %s}\\n\' "$SLURM_JOB_ID" "$rc" "$gantry_signal" '
+        '"$gantry_started" "$(gantry_now)" '
         '> "$gantry_run/.gantry-exit.tmp" '
         '&& mv -f "$gantry_run/.gantry-exit.tmp" "$gantry_run/gantry-exit-$SLURM_JOB_ID.json"; '
         "} 2>/dev/null",

@@ -6,6 +6,7 @@ from datetime import timedelta
 from typing import Any
 
 from celery import shared_task
+from django.conf import settings
 from django.db.models import Q
 from django.utils import timezone
 
@@ -21,6 +22,7 @@ def cluster_reconcile_task(cluster_id: int) -> dict[str, Any]:
         result = cluster_reconcile(cluster_id=cluster_id)
     except Cluster.DoesNotExist:
         return {"error": "cluster no longer exists"}
+    cluster_reconcile_chain(cluster_id=cluster_id)
     return {
         "commands": result.commands,
         "state_changes": result.state_changes,
@@ -28,6 +30,26 @@ def cluster_reconcile_task(cluster_id: int) -> dict[str, Any]:
         "checkpoints": result.checkpoints,
         "errors": result.errors,
     }
+
+
+def cluster_reconcile_chain(*, cluster_id: int) -> bool:
+    """A next cycle due sooner than beat's next look (the fast interval while a drill is in
+    flight) is enqueued now with that countdown, claimed as beat claims (a conditional update
+    of the due time), so it is never enqueued twice. Returns whether it enqueued one."""
+    due = Cluster.objects.filter(pk=cluster_id).values_list("next_reconcile_at", flat=True).first()
+    if due is None:
+        return False
+    now = timezone.now()
+    delay = (due - now).total_seconds()
+    if delay >= settings.RECONCILE_BEAT_TICK_SECONDS:
+        return False
+    hold = now + timedelta(seconds=250)
+    if not Cluster.objects.filter(pk=cluster_id, next_reconcile_at=due).update(
+        next_reconcile_at=hold
+    ):
+        return False  # beat (or another worker) took it
+    cluster_reconcile_task.apply_async(args=(cluster_id,), countdown=max(0.0, delay))
+    return True
 
 
 @shared_task(name=CLUSTERS_RECONCILE_DUE, time_limit=30, soft_time_limit=20)

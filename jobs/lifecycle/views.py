@@ -142,10 +142,11 @@ def slurm_views(
     ``tracked``: (object, its run directory). ``client`` and ``transport`` are the service
     account's (it sees every user's jobs); ``owner_of`` gives the transport of an object's
     own account, which reads its run directory (``transport`` when not given). A failing
-    sacct does not hide what squeue
-    said: the views carry the error instead, and the exit records. ``early``: Slurm job ids
-    that may finish from their exit record; when sacct has no final record of one yet (it
-    lags), the same listing reads its exit record in this cycle.
+    sacct does not hide what squeue said: the views carry the error instead, and the exit
+    records. ``early``: Slurm job ids
+    that finish from their exit record: for those, the listing comes first and sacct is asked
+    only about the ones without one (sacct lags the scheduler by seconds). At most two
+    listings and one sacct per cycle, whatever the number of objects.
     """
     if not tracked:
         return SlurmViews(queue={}, accounted={})
@@ -158,33 +159,39 @@ def slurm_views(
     if not need:
         return SlurmViews(queue=queue, accounted={})
     views = SlurmViews(queue=queue, accounted={}, accounting=accounting)
-    if accounting == ACCOUNTING_OK:
-        start = min(obj.submitted_at or obj.created_at for obj, _ in need) - timedelta(hours=1)
-        try:
-            views.accounted = client.jobs_accounting(
-                [obj.slurm_job_id for obj, _ in need], start=start
-            )
-        except slurm_errors.SlurmError as error:
-            if isinstance(error, slurm_errors.SshError):
-                raise
-            views.accounting = ACCOUNTING_DOWN
-            views.accounting_error = describe_cluster_error(error)
-        if views.accounting == ACCOUNTING_OK:
-            need = [
-                (obj, directory)
-                for obj, directory in need
-                if obj.slurm_job_id in early and not _final(views.accounted.get(obj.slurm_job_id))
-            ]
-            if not need:
-                return views
     resolve = owner_of or (lambda _obj: transport)
-    evidence = evidence_as_owners(
-        [(directory, functools.partial(resolve, obj)) for obj, directory in need], views.errors
-    )
-    for item in evidence.values():
-        views.exits.update(item.exits)
+    if accounting != ACCOUNTING_OK:
+        _read_exit_records(views, need, resolve)
+        return views
+    # Kinds that finish early: their exit records first (sacct lags); sacct for the rest.
+    _read_exit_records(views, [item for item in need if item[0].slurm_job_id in early], resolve)
+    need = [item for item in need if item[0].slurm_job_id not in views.exits]
+    if not need:
+        return views
+    start = min(obj.submitted_at or obj.created_at for obj, _ in need) - timedelta(hours=1)
+    try:
+        views.accounted = client.jobs_accounting([obj.slurm_job_id for obj, _ in need], start=start)
+    except slurm_errors.SlurmError as error:
+        if isinstance(error, slurm_errors.SshError):
+            raise
+        views.accounting = ACCOUNTING_DOWN
+        views.accounting_error = describe_cluster_error(error)
+        _read_exit_records(
+            views, [item for item in need if item[0].slurm_job_id not in early], resolve
+        )
     return views
 
 
-def _final(record: SlurmJob | None) -> bool:
-    return record is not None and is_final_phase(record.state)
+def _read_exit_records(
+    views: SlurmViews,
+    items: Sequence[tuple[SlurmTracked, str]],
+    resolve: Callable[[SlurmTracked], SshTransport],
+) -> None:
+    """The exit records of these objects' run directories, each read as its own account."""
+    if not items:
+        return
+    evidence = evidence_as_owners(
+        [(directory, functools.partial(resolve, obj)) for obj, directory in items], views.errors
+    )
+    for item in evidence.values():
+        views.exits.update(item.exits)

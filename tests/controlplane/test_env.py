@@ -8,6 +8,7 @@ from django.core.exceptions import ImproperlyConfigured
 from controlplane.env import (
     database_from_url,
     envbool,
+    envfloat,
     envint,
     envlist,
     envsecret,
@@ -25,6 +26,18 @@ def test_envbool_accepts_the_usual_spellings() -> None:
 def test_envbool_refuses_anything_else_naming_the_variable() -> None:
     with pytest.raises(ImproperlyConfigured, match=r"DEBUG='maybe' is not a boolean"):
         envbool("DEBUG", False, environ={"DEBUG": "maybe"})
+
+
+def test_envfloat_refuses_non_numbers_non_finite_and_out_of_range() -> None:
+    assert envfloat("F", 0.5, environ={}) == 0.5
+    assert envfloat("F", 0.5, minimum=0.2, environ={"F": " 0.25 "}) == 0.25
+    for raw, why in (("soon", "not a number"), ("nan", "not a finite"), ("inf", "not a finite")):
+        with pytest.raises(ImproperlyConfigured, match=f"F={raw!r} is {why}"):
+            envfloat("F", 0.5, environ={"F": raw})
+    with pytest.raises(ImproperlyConfigured, match=r"below the minimum of 0\.2"):
+        envfloat("F", 0.5, minimum=0.2, environ={"F": "0.1"})
+    with pytest.raises(ImproperlyConfigured, match="above the maximum of 60"):
+        envfloat("F", 0.5, maximum=60, environ={"F": "61"})
 
 
 def test_envint_refuses_non_integers_and_out_of_range() -> None:

@@ -169,11 +169,13 @@ def test_accounting_down_never_declares_a_job_lost(settings: Any) -> None:
 class ViewsClient:
     queue: dict[str, SlurmJob]
     accounted: dict[str, SlurmJob]
+    asked: list[list[str]] = field(default_factory=list)
 
     def jobs_in_queue(self, ids: list[str]) -> dict[str, SlurmJob]:
         return {i: self.queue[i] for i in ids if i in self.queue}
 
     def jobs_accounting(self, ids: list[str], *, start: Any) -> dict[str, SlurmJob]:
+        self.asked.append(sorted(ids))
         return {i: self.accounted[i] for i in ids if i in self.accounted}
 
 
@@ -193,7 +195,7 @@ class ListingTransport:
         return Result("\n".join(lines))
 
 
-def test_sacct_lag_reads_exit_records_only_for_kinds_that_finish_early() -> None:
+def test_early_kinds_finish_from_the_exit_record_before_sacct_has_caught_up() -> None:
     # Both Slurm jobs left the queue; sacct still says RUNNING (it lags the scheduler).
     late, early = _running("90"), _running("91")
     client = ViewsClient(
@@ -209,19 +211,41 @@ def test_sacct_lag_reads_exit_records_only_for_kinds_that_finish_early() -> None
     tracked = [(late, "/runs/90"), (early, "/runs/91")]
     views = slurm_views(client, transport, tracked, early=frozenset({"91"}))  # type: ignore[arg-type]
     assert set(views.exits) == {"91"} and views.accounting_ok
+    # One listing (only the early one's directory); sacct only for the other.
     assert len(transport.scripts) == 1 and "/runs/90" not in transport.scripts[0]
+    assert client.asked == [["90"]]
     # The early kind finishes now; the other waits for sacct's final record.
     assert _apply(early, views).state == "completed"
     assert _apply(late, views).state == "running"
 
 
-def test_no_listing_when_sacct_already_has_the_final_record() -> None:
+def test_an_early_kind_without_an_exit_record_is_settled_by_sacct() -> None:
+    # No exit record (the node died before the script could write one): sacct decides.
     job = _running("92")
-    client = ViewsClient(queue={}, accounted={"92": SlurmJob(job_id="92", state="COMPLETED")})
+    client = ViewsClient(queue={}, accounted={"92": SlurmJob(job_id="92", state="NODE_FAIL")})
     transport = ListingTransport({})
     views = slurm_views(client, transport, [(job, "/runs/92")], early=frozenset({"92"}))  # type: ignore[arg-type]
-    assert transport.scripts == [] and views.exits == {}
-    assert _apply(job, views).state == "completed"
+    assert len(transport.scripts) == 1 and client.asked == [["92"]] and views.exits == {}
+    assert _apply(job, views).state == "node_fail"
+
+
+def test_sacct_down_lists_the_other_kinds_once_more() -> None:
+    late, early = _running("94"), _running("95")
+
+    class Down(ViewsClient):
+        def jobs_accounting(self, ids: list[str], *, start: Any) -> dict[str, SlurmJob]:
+            from nodes.slurm.errors import SlurmCommandError
+
+            raise SlurmCommandError("sacct failed", argv=["sacct"], rc=1, stderr="slurmdbd down")
+
+    transport = ListingTransport(
+        {"/runs/94": 'X {"slurm_job_id": "94", "exit_code": 3, "signal": null}'}
+    )
+    tracked = [(late, "/runs/94"), (early, "/runs/95")]
+    views = slurm_views(Down({}, {}), transport, tracked, early=frozenset({"95"}))  # type: ignore[arg-type]
+    assert not views.accounting_ok and set(views.exits) == {"94"}
+    assert len(transport.scripts) == 2 and "/runs/95" not in transport.scripts[1]
+    assert _apply(late, views).state == "failed"
 
 
 def test_a_running_early_job_is_not_finished_by_a_stale_exit_record() -> None:

@@ -63,3 +63,34 @@ def test_the_fast_interval_never_slows_a_faster_configured_one(settings: Any) ->
         checkpoint=CheckpointFactory(job=job), cluster=cluster, state=RestoreDrill.State.PENDING
     )
     assert _next_wait(cluster, idle_cycles=4) == 1
+
+
+def test_a_cycle_due_before_beats_next_look_is_chained_once(
+    settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from datetime import timedelta
+
+    from watcher import tasks
+
+    settings.RECONCILE_BEAT_TICK_SECONDS = 1.0
+    sent: list[tuple[Any, float]] = []
+    monkeypatch.setattr(
+        tasks.cluster_reconcile_task,
+        "apply_async",
+        lambda args, countdown: sent.append((args, countdown)),
+    )
+    cluster = ClusterFactory()
+    soon = timezone.now() + timedelta(seconds=0.5)
+    Cluster.objects.filter(pk=cluster.pk).update(next_reconcile_at=soon)
+    assert tasks.cluster_reconcile_chain(cluster_id=cluster.pk)
+    assert len(sent) == 1 and sent[0][0] == (cluster.pk,) and 0 < sent[0][1] <= 0.5
+    # Claimed: beat's conditional update (and a second chain) find the due time moved.
+    cluster.refresh_from_db()
+    assert cluster.next_reconcile_at is not None and cluster.next_reconcile_at > soon
+    assert not tasks.cluster_reconcile_chain(cluster_id=cluster.pk)
+    assert tasks.clusters_reconcile_due() == 0
+    # Due after beat's next look: left to beat.
+    Cluster.objects.filter(pk=cluster.pk).update(
+        next_reconcile_at=timezone.now() + timedelta(seconds=5)
+    )
+    assert not tasks.cluster_reconcile_chain(cluster_id=cluster.pk) and len(sent) == 1
