@@ -193,6 +193,28 @@ def map_account(cluster: Any, user: Any, account: str) -> None:
     cluster_identity_set(actor=None, cluster=cluster, user=user, account=account)
 
 
+def submit_held_jobs(transport: Any, dc: Any, count: int, *, name: str) -> list[str]:
+    """``count`` real Slurm jobs held in the queue (``sbatch --hold``: PENDING, no resources
+    used) as the cluster user, in one remote command; returns their Slurm job ids."""
+    script = (
+        f"cd {dc.workdir} && for i in $(seq 1 {count}); do "
+        f"sbatch --hold --parsable -J {name} -p {dc.default_partition} "
+        "-t 5 -o /dev/null --wrap 'sleep 120' || exit 1; done"
+    )
+    output = transport.exec_shell(script, timeout=600).stdout
+    ids = [line.split(";")[0].strip() for line in output.split() if line.strip()]
+    assert len(ids) == count, (len(ids), output[-500:])
+    return ids
+
+
+def cancel_slurm_jobs(transport: Any, ids: list[str]) -> None:
+    """scancel by id, in batches; what the bench submitted and nothing else."""
+    for i in range(0, len(ids), 200):
+        transport.exec(["scancel", *ids[i : i + 200]], check=False)
+    if ids:
+        print(f"# cancelled {len(ids)} Slurm jobs (scancel by id)")
+
+
 # ---------------------------------------------------------------- users and seeding
 
 

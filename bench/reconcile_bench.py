@@ -66,15 +66,8 @@ def main() -> int:
     try:
         t0 = time.perf_counter()
         # One remote command submits them all (the submit path is not what is measured).
-        script = (
-            f"cd {dc.workdir} && for i in $(seq 1 {total}); do "
-            f"sbatch --hold --parsable -J gantry-bench-reconcile -p {dc.default_partition} "
-            "-t 5 -o /dev/null --wrap 'sleep 120' || exit 1; done"
-        )
-        output = transport.exec_shell(script, timeout=600).stdout
-        slurm_ids = [line.split(";")[0].strip() for line in output.split() if line.strip()]
+        slurm_ids = lib.submit_held_jobs(transport, dc, total, name="gantry-bench-reconcile")
         submit_s = time.perf_counter() - t0
-        assert len(slurm_ids) == total, (len(slurm_ids), output[-500:])
         now = timezone.now()
         Job.objects.bulk_create(
             [
@@ -151,10 +144,7 @@ def main() -> int:
             client.jobs_in_queue(slurm_ids[: max(sizes)])
             squeue_s.append(time.perf_counter() - t)
     finally:
-        if slurm_ids:
-            for i in range(0, len(slurm_ids), 200):
-                transport.exec(["scancel", *slurm_ids[i : i + 200]], check=False)
-            print(f"# cancelled {len(slurm_ids)} Slurm jobs (scancel by id)")
+        lib.cancel_slurm_jobs(transport, slurm_ids)
         close_all()
         if not args.keep:
             connection.close()

@@ -22,12 +22,9 @@ threads, for both sides.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -35,78 +32,15 @@ from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-
-
-def matmul_peak(threads: int, dtype: torch.dtype, seconds: float) -> float:
-    torch.set_num_threads(threads)
-    n = 1024
-    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
-    for _ in range(3):
-        a @ b
-    best, end = 0.0, time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        t0 = time.perf_counter()
-        for _ in range(5):
-            a @ b
-        best = max(best, 5 * 2 * n**3 / (time.perf_counter() - t0))
-    return best
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from trainer_bench import matmul_peak, train_run
 
 
 def train(work: Path, name: str, cfg: dict, *, world: int, cpus: list[str]) -> dict[str, float]:
-    """One ``python -m trainer train`` run (``world`` ranks, rank r pinned to ``cpus[r]``)."""
-    run = work / name
-    cfg_path = work / f"{name}.json"
-    cfg_path.write_text(json.dumps(cfg))
-    port = str(free_port())
-    threads = "2" if world == 1 else "1"
-    procs = []
-    for rank in range(world):
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "RANK"))}
-        env.update(OMP_NUM_THREADS=threads, TRAINER_NUM_THREADS=threads, PYTHONPATH=str(REPO))
-        if world > 1:
-            env.update(
-                RANK=str(rank),
-                WORLD_SIZE=str(world),
-                LOCAL_RANK=str(rank),
-                LOCAL_WORLD_SIZE=str(world),
-                MASTER_ADDR="127.0.0.1",
-                MASTER_PORT=port,
-                GLOO_SOCKET_IFNAME="lo",
-            )
-        argv = ["taskset", "-c", cpus[rank], sys.executable, "-m", "trainer", "train"]
-        argv += ["--config", str(cfg_path), "--run-dir", str(run)]
-        procs.append(
-            subprocess.Popen(
-                argv,
-                cwd=REPO,
-                env=env,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-        )
-    for proc in procs:
-        _, err = proc.communicate(timeout=900)
-        if proc.returncode != 0:
-            raise RuntimeError(f"{name} failed: {err[-2000:]}")
-    lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
-    steps = [x for x in lines if "event" not in x]
-    acceptance = json.loads((run / "acceptance.json").read_text())
-    body = steps[max(3, len(steps) // 5) :]
-    total = sum(x["step_time"] for x in body)
-    shutil.rmtree(run, ignore_errors=True)
-    return {
-        "samples_per_s": sum(x["samples_per_s"] * x["step_time"] for x in body) / total,
-        "tokens_per_s": sum(x["tokens_per_s"] * x["step_time"] for x in body) / total,
-        "flops_per_token": acceptance["flops_per_token"],
-    }
+    """1 process with 2 threads, or ``world`` ranks with 1 thread each; pinned."""
+    got = train_run(work, name, world, cfg, 2 if world == 1 else 1, cpus=cpus)
+    shutil.rmtree(work / name, ignore_errors=True)
+    return got
 
 
 def main() -> int:

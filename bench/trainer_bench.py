@@ -180,7 +180,12 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def train_run(work: Path, name: str, world: int, cfg: dict, threads: int) -> dict[str, float]:
+def train_run(
+    work: Path, name: str, world: int, cfg: dict, threads: int, cpus: list[str] | None = None
+) -> dict[str, float]:
+    """One ``python -m trainer train`` run of ``world`` ranks with ``threads`` each; with
+    ``cpus``, rank r is pinned with ``taskset -c cpus[r]``. Step-time weighted throughput
+    over the steps after warm-up, from the run's own metrics.jsonl."""
     run = work / name
     cfgp = work / f"{name}.json"
     cfgp.write_text(json.dumps(cfg))
@@ -188,7 +193,9 @@ def train_run(work: Path, name: str, world: int, cfg: dict, threads: int) -> dic
     procs = []
     for r in range(world):
         env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "RANK"))}
-        env.update(OMP_NUM_THREADS=str(threads), PYTHONPATH=str(REPO))
+        env.update(
+            OMP_NUM_THREADS=str(threads), TRAINER_NUM_THREADS=str(threads), PYTHONPATH=str(REPO)
+        )
         if world > 1:
             env.update(
                 RANK=str(r),
@@ -199,9 +206,11 @@ def train_run(work: Path, name: str, world: int, cfg: dict, threads: int) -> dic
                 MASTER_PORT=port,
                 GLOO_SOCKET_IFNAME="lo",
             )
+        pin = ["taskset", "-c", cpus[r]] if cpus else []
         procs.append(
             subprocess.Popen(
                 [
+                    *pin,
                     sys.executable,
                     "-m",
                     "trainer",

@@ -74,14 +74,7 @@ def main() -> int:
     samples: list[tuple[int, int, int, float]] = []
     errors: list[str] = []
     try:
-        script = (
-            f"cd {dc.workdir} && for i in $(seq 1 {total}); do "
-            f"sbatch --hold --parsable -J gantry-bench-memory -p {dc.default_partition} "
-            "-t 5 -o /dev/null --wrap 'sleep 120' || exit 1; done"
-        )
-        output = transport.exec_shell(script, timeout=600).stdout
-        slurm_ids = [line.split(";")[0].strip() for line in output.split() if line.strip()]
-        assert len(slurm_ids) == total, (len(slurm_ids), output[-500:])
+        slurm_ids = lib.submit_held_jobs(transport, dc, total, name="gantry-bench-memory")
         now = timezone.now()
         Job.objects.bulk_create(
             [
@@ -116,10 +109,7 @@ def main() -> int:
         tracemalloc.stop()
         still_pending = Job.objects.filter(owner=owner, state=Job.State.PENDING).count()
     finally:
-        if slurm_ids:
-            for i in range(0, len(slurm_ids), 200):
-                transport.exec(["scancel", *slurm_ids[i : i + 200]], check=False)
-            print(f"# cancelled {len(slurm_ids)} Slurm jobs (scancel by id)")
+        lib.cancel_slurm_jobs(transport, slurm_ids)
         close_all()
         if not args.keep:
             connection.close()
