@@ -1,6 +1,7 @@
 """The trainer's data-parallel scaling on this machine: 2 gloo ranks vs 1 process, pinned.
 
-    .venv/bin/python bench/scaling_bench.py [--quick] [--reps 5] [--steps 30]
+    nice -n -15 .venv/bin/python bench/scaling_bench.py [--quick] [--reps 5] [--steps 30]
+        [--global-batch 128]
 
 Both sides train the same model on the same global batch with the same total number of
 threads on the same cores, so neither side can collapse alone when another process takes
@@ -13,8 +14,10 @@ a core:
 Ratio = samples/s of the 2 ranks / samples/s of the 1 process (ideal >= 1.0: no intra-op
 threading loss, minus the all-reduce; goal >= 0.9). The sides alternate rep by rep
 (A B, B A, A B, ...) so a slow moment hits both; the ratio is taken per rep and reported as
-median, min and max. Samples/s are step-time weighted over the steps after warm-up, from
-each run's own metrics.jsonl. MFU for fp32 and bf16: model FLOPs ((6N + 12·L·T·d) per
+median, min and max, and as best/best (each side's fastest run: contention only slows).
+Run it at raised priority (``nice -n -15``, as root) on a machine others share. Samples/s
+are step-time weighted over the steps after warm-up, from each run's own metrics.jsonl.
+MFU for fp32 and bf16: model FLOPs ((6N + 12·L·T·d) per
 token, from acceptance.json) × tokens/s over the best 1024³ matmul rate on the same 2
 threads, for both sides.
 """
@@ -48,6 +51,9 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="3 reps, 20 steps")
     parser.add_argument("--reps", type=int, default=None)
     parser.add_argument("--steps", type=int, default=None)
+    parser.add_argument(
+        "--global-batch", type=int, default=128, help="samples per step over all ranks (even)"
+    )
     args = parser.parse_args()
     reps = args.reps or (3 if args.quick else 5)
     steps = args.steps or (20 if args.quick else 30)
@@ -55,7 +61,7 @@ def main() -> int:
         print("needs 2 cores and taskset (util-linux)")
         return 1
     started = time.perf_counter()
-    global_batch = 32
+    global_batch = args.global_batch
     model = {
         "vocab_size": 128,
         "d_model": 192,
@@ -111,31 +117,38 @@ def main() -> int:
         f"{steps} steps, {reps} reps per side, alternating; 1 process x 2 threads on cores 0,1 "
         f"vs 2 gloo ranks x 1 thread on cores 0 and 1; load average {load:.1f} after the run"
     )
+    # The peak again after the runs: the best of both, so a busy moment at the start does not
+    # make the MFU look better than it is.
+    for dtype, key in ((torch.float32, "fp32"), (torch.bfloat16, "bf16")):
+        peak[key] = max(peak[key], matmul_peak(2, dtype, 2.0))
     print(
         f"{'precision':9} {'1p samples/s':>13} {'2r samples/s':>13} {'ratio median':>13} "
-        f"{'min':>6} {'max':>6} {'MFU 1p':>7} {'MFU 2r':>7}  goal"
+        f"{'min':>6} {'max':>6} {'best/best':>9} {'MFU 1p':>7} {'MFU 2r':>7}  goal"
     )
     ok = True
     for precision in ("fp32", "bf16"):
         ones, twos = results[f"{precision}-one"], results[f"{precision}-two"]
         ratios = [b["samples_per_s"] / a["samples_per_s"] for a, b in zip(ones, twos, strict=True)]
         median = statistics.median(ratios)
+        # Each side's least disturbed run: another process taking a core only slows a run.
+        best = max(r["samples_per_s"] for r in twos) / max(r["samples_per_s"] for r in ones)
 
         def mfu(runs: list[dict[str, float]], precision: str = precision) -> float:
-            rate = statistics.median(r["tokens_per_s"] * r["flops_per_token"] for r in runs)
+            rate = max(r["tokens_per_s"] * r["flops_per_token"] for r in runs)
             return rate / peak[precision]
 
-        passed = median >= 0.9
-        ok = ok and (passed or precision == "bf16")
+        passed = median >= 0.9 and best >= 0.9
+        ok = ok and passed
         print(
             f"{precision:9} {statistics.median(r['samples_per_s'] for r in ones):13.1f} "
             f"{statistics.median(r['samples_per_s'] for r in twos):13.1f} {median:13.3f} "
-            f"{min(ratios):6.3f} {max(ratios):6.3f} {mfu(ones):7.3f} {mfu(twos):7.3f}  "
-            f">= 0.90 {'PASS' if passed else 'FAIL'}"
+            f"{min(ratios):6.3f} {max(ratios):6.3f} {best:9.3f} {mfu(ones):7.3f} "
+            f"{mfu(twos):7.3f}  >= 0.90 (median and best) {'PASS' if passed else 'FAIL'}"
         )
     print(
-        f"matmul peak on 2 threads: fp32 {peak['fp32'] / 1e9:.1f} GFLOP/s, "
-        f"bf16 {peak['bf16'] / 1e9:.1f} GFLOP/s; total {time.perf_counter() - started:.0f} s"
+        f"matmul peak on 2 threads (best of before and after): fp32 {peak['fp32'] / 1e9:.1f} "
+        f"GFLOP/s, bf16 {peak['bf16'] / 1e9:.1f} GFLOP/s; MFU from each side's best run; "
+        f"total {time.perf_counter() - started:.0f} s"
     )
     return 0 if ok else 1
 
