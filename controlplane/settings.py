@@ -114,6 +114,9 @@ DATABASE_URL = envstr("DATABASE_URL", f"sqlite:///{DATA_DIR / 'gantry.sqlite3'}"
 DATABASES = {"default": database_from_url(DATABASE_URL)}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
+# Django's model backend, loading a session's user with its roles in one query.
+AUTHENTICATION_BACKENDS = ["core.auth.RoleAwareModelBackend"]
+
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
@@ -250,11 +253,24 @@ DRILL_MAX_REPLAY_STEPS = envint("GANTRY_DRILL_MAX_REPLAY_STEPS", 500, minimum=1,
 DRILL_SUBMIT_RETRIES = envint("GANTRY_DRILL_SUBMIT_RETRIES", 6, minimum=0, maximum=50)
 
 # Caches. Login throttling counts failures in Redis, shared by every web worker.
+# A Redis failure the default cache ignored is logged (a warning, with the error).
+DJANGO_REDIS_LOG_IGNORED_EXCEPTIONS = True
+
 CACHES = {
-    # Per process: the metrics cache is keyed by what it caches, so workers need not share.
+    # What pages reuse (job metrics series, goodput figures, placement verdicts, serialized
+    # API pages): every key names what its value was computed from, so nothing is ever
+    # invalidated, and the gunicorn workers share one copy in Redis. Fail-soft: with Redis
+    # down or slow (short timeouts) a read is a miss and the page computes it again.
     "default": {
-        "BACKEND": "django.core.cache.backends.locmem.LocMemCache",
-        "OPTIONS": {"MAX_ENTRIES": 2000},
+        "BACKEND": "django_redis.cache.RedisCache",
+        "LOCATION": REDIS_URL,
+        "KEY_PREFIX": "gantry-cache",
+        "TIMEOUT": 300,
+        "OPTIONS": {
+            "IGNORE_EXCEPTIONS": True,
+            "SOCKET_CONNECT_TIMEOUT": 0.25,
+            "SOCKET_TIMEOUT": 0.25,
+        },
     },
     "ratelimit": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL},
     # Watcher and SSH timings, written by the Celery workers and read by /metrics in the

@@ -8,6 +8,29 @@ RESEARCHERS = "researchers"
 OPERATORS = "operators"
 
 
+def role_annotations(user_ref: str) -> dict[str, Any]:
+    """Annotations that read whether the user named by ``user_ref`` (a field of the
+    queryset's model: ``"pk"`` on users, ``"user_id"`` on tokens) is in each role's group,
+    as subqueries of the query that loads the user: the role checks below then cost no
+    query of their own (``remember_roles``)."""
+    from django.contrib.auth.models import Group
+    from django.db.models import Exists, OuterRef
+
+    return {
+        f"gantry_in_{name}": Exists(Group.objects.filter(user=OuterRef(user_ref), name=name))
+        for name in (OPERATORS, RESEARCHERS)
+    }
+
+
+def remember_roles(user: Any, source: Any) -> Any:
+    """``user`` with the role memberships read by ``role_annotations`` on ``source`` (the
+    user itself or the row it came with), as ``is_operator`` and ``is_researcher`` keep
+    them. Read once per request: a role change applies from the next request."""
+    user._gantry_is_operator = bool(getattr(source, f"gantry_in_{OPERATORS}"))
+    user._gantry_is_researcher = bool(getattr(source, f"gantry_in_{RESEARCHERS}"))
+    return user
+
+
 def is_operator(user: Any) -> bool:
     if not getattr(user, "is_authenticated", False):
         return False

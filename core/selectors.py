@@ -8,6 +8,7 @@ from django.db.models import QuerySet
 from django.http import Http404
 
 from core.models import ApiToken
+from core.roles import remember_roles, role_annotations
 
 
 def api_token_list_for_user(*, user: Any) -> QuerySet[ApiToken]:
@@ -32,8 +33,13 @@ def api_token_find_by_secret(*, secret: str) -> ApiToken | None:
     revoked apart), or None. Looked up by hash: the secret itself is stored nowhere."""
     if not secret.startswith(ApiToken.SECRET_PREFIX):
         return None
-    return (
+    token = (
         ApiToken.objects.select_related("user")
+        .annotate(**role_annotations("user_id"))
         .filter(key_hash=ApiToken.hash_secret(secret))
         .first()
     )
+    if token is not None:
+        # The roles of its user came with it (one query for the caller's whole identity).
+        remember_roles(token.user, token)
+    return token

@@ -9,12 +9,13 @@ from typing import Any
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
-from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.http import HttpRequest, HttpResponse, HttpResponseBase, HttpResponseRedirect
 from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
 from django.views.decorators.http import require_POST
 
 from core.access import can_act
+from core.conditional import etag_for, not_modified, revalidate, this_minute
 from core.errors import ApplicationError, FieldError
 from core.roles import is_operator
 from drills.models import DrillPolicy, RestoreDrill
@@ -192,9 +193,18 @@ def drill_detail_page(request: HttpRequest, drill_id: uuid.UUID) -> HttpResponse
 
 
 @login_required
-def drill_status_partial(request: HttpRequest, drill_id: uuid.UUID) -> HttpResponse:
+def drill_status_partial(request: HttpRequest, drill_id: uuid.UUID) -> HttpResponseBase:
+    """The drill's state and verdict, polled while it runs: rendered only when the drill
+    changed (or the minute did: it says "running for 3 minutes"), 304 otherwise."""
     drill = drill_get_for_user(user=request.user, drill_id=drill_id)
-    return render(request, "drills/_drill_status.html", {"drill": drill})
+    etag = etag_for(
+        [getattr(drill, field.attname) for field in RestoreDrill._meta.concrete_fields],
+        this_minute(),
+    )
+    unchanged = not_modified(request, etag)
+    if unchanged is not None:
+        return unchanged
+    return revalidate(render(request, "drills/_drill_status.html", {"drill": drill}), etag)
 
 
 @login_required

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.core.cache import cache
 from django.urls import reverse
 from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_field
 from rest_framework import generics, serializers, status
@@ -12,6 +13,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from core.api import CursorPagination
+from core.conditional import etag_for, not_modified, revalidate
 from core.errors import FieldError
 from core.permissions import IsResearcherOrOperator
 from jobs.job_settings import job_request_from_values
@@ -22,6 +24,7 @@ from jobs.selectors import (
     job_get_for_user,
     job_goodput,
     job_list,
+    job_list_versions,
     job_metrics,
 )
 from jobs.services import job_cancel, job_log_tail, job_preview, job_resume, job_submit
@@ -346,6 +349,10 @@ class JobPreviewApi(APIView):
         )
 
 
+# How long a serialized page of the job list is kept (its key changes with its rows).
+JOB_LIST_CACHE_SECONDS = 600
+
+
 class JobPagination(CursorPagination):
     ordering = "-created_at"
 
@@ -368,6 +375,36 @@ class JobListApi(generics.ListAPIView):
     )
     def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         return super().get(request, *args, **kwargs)
+
+    def list(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        """One page, serialized only when it changed: the page is first read as row
+        versions (``job_list_versions``), which give its ETag (a 304 answers a client that
+        has it) and the key of its serialized rows in the cache framework; only a page not
+        seen before reads and serializes its jobs."""
+        jobs = self.get_queryset()
+        page = self.paginate_queryset(job_list_versions(jobs))
+        paginator = self.paginator
+        assert page is not None and isinstance(paginator, JobPagination)
+        etag = etag_for(
+            request.get_full_path(),
+            [tuple(row.values()) for row in page],
+            paginator.get_next_link(),
+            paginator.get_previous_link(),
+        )
+        unchanged = not_modified(request, etag)
+        if unchanged is not None:
+            return unchanged  # type: ignore[return-value]
+        # The serialized page, under the key of what it shows (nothing to invalidate).
+        key = f"job-list-page:{etag}"
+        rows = cache.get(key)
+        if rows is None:
+            ids = [row["id"] for row in page]
+            found = {job.id: job for job in jobs.filter(id__in=ids)}
+            rows = self.get_serializer([found[i] for i in ids if i in found], many=True).data
+            cache.set(key, rows, timeout=JOB_LIST_CACHE_SECONDS)
+        response = self.get_paginated_response(rows)
+        revalidate(response, etag)
+        return response
 
     def get_queryset(self):  # type: ignore[no-untyped-def]
         params = self.request.query_params
@@ -474,13 +511,27 @@ class JobMetricsApi(APIView):
                 raise serializers.ValidationError({name: [f"must be between {low} and {high}"]})
             return value
 
-        data = job_metrics(
-            job=job,
-            step_min=integer("step_min", None, 0, 2**31 - 1),
-            step_max=integer("step_max", None, 0, 2**31 - 1),
-            max_points=integer("max_points", 2000, 10, 2000) or 2000,
+        step_min = integer("step_min", None, 0, 2**31 - 1)
+        step_max = integer("step_max", None, 0, 2**31 - 1)
+        max_points = integer("max_points", 2000, 10, 2000) or 2000
+        # The series change only with new points (the offset moves) and the events' values.
+        etag = etag_for(
+            job.id,
+            job.metrics_offset,
+            step_min,
+            step_max,
+            max_points,
+            job.optimal_loss,
+            job.target_loss,
+            job.target_reached_step,
         )
-        return Response(data)
+        unchanged = not_modified(request, etag)
+        if unchanged is not None:
+            return unchanged  # type: ignore[return-value]
+        data = job_metrics(job=job, step_min=step_min, step_max=step_max, max_points=max_points)
+        response = Response(data)
+        revalidate(response, etag)
+        return response
 
 
 class JobCheckpointsApi(APIView):

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db.models import Q, QuerySet
+from django.db import connection
+from django.db.models import F, Q, QuerySet
 from django.utils import timezone
 
 from jobs import goodput
@@ -24,7 +25,7 @@ from jobs.goodput_selectors import (
     LEDGER_INPUTS,
     job_times,
     lineage_link,
-    step_totals_by_job,
+    step_totals,
     with_ledger_inputs,
 )
 from jobs.models import Job, MetricPoint
@@ -59,9 +60,7 @@ def window_ledgers(*, jobs: QuerySet[Job], since: datetime, now: datetime) -> li
     ranges: dict[str, goodput.StepRanges] = {}
     for lineage in goodput.lineages(links):
         ranges.update(goodput.lineage_step_ranges(lineage))
-    totals = step_totals_by_job(
-        ranges, points=MetricPoint.objects.filter(job__in=window.values("id"))
-    )
+    totals = step_totals(rows, ranges, points=_points_to_sum(rows, window))
     result = []
     for row, link in zip(rows, links, strict=True):
         times = job_times(row, link, totals.get(link.job_id, {}))
@@ -76,6 +75,24 @@ def window_ledgers(*, jobs: QuerySet[Job], since: datetime, now: datetime) -> li
             )
         )
     return result
+
+
+def _points_to_sum(rows: list[dict[str, Any]], window: QuerySet[Job]) -> QuerySet[MetricPoint]:
+    """The points ``step_totals`` may have to sum: of the window's jobs whose sums ingest
+    does not keep or that are part of a lineage (it skips the others either way). Named
+    in the query up to a point (SQLite takes at most 999 parameters); beyond, the same
+    jobs as a subquery."""
+    unkept = [row["id"] for row in rows if row["points_totals_offset"] != row["metrics_offset"]]
+    redone = [row["id"] for row in rows if row["resume_source"] or row["parent_id"]]
+    sources = [row["resume_source"] or row["parent_id"] for row in rows]
+    named = {*unkept, *redone, *(source for source in sources if source)}
+    limit = 20_000 if connection.vendor == "postgresql" else 900
+    if len(named) <= limit:
+        return MetricPoint.objects.filter(job_id__in=list(named))
+    kept_alone = Q(points_totals_offset=F("metrics_offset")) & Q(
+        parent__isnull=True, resume_from__isnull=True, children__isnull=True
+    )
+    return MetricPoint.objects.filter(job__in=window.exclude(kept_alone).values("id"))
 
 
 def _span_end(ended_at: datetime | None, last_wall: datetime | None) -> datetime | None:

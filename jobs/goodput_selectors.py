@@ -1,8 +1,8 @@
 """Reads for goodput: a job's lineage ledger and checkpoint-interval advice (``job_goodput``),
 and the pieces the fleet views share (``jobs.fleet_goodput``). Formulas in ``jobs.goodput``.
 
-Every read here runs a fixed number of queries: metric points are summed in the database,
-never loaded.
+Every read here runs a fixed number of queries: metric points are never loaded; their sums
+come from the job row where ingest keeps them (``Job.points_*``), else from the database.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
 
+from django.core.cache import cache
 from django.db import connection
 from django.db.models import (
     Avg,
@@ -32,6 +33,7 @@ from django.utils import timezone
 
 from jobs import goodput
 from jobs.models import Checkpoint, Job, MetricPoint
+from nodes.models import Cluster
 from trainer.config import DEFAULTS as TRAINER_DEFAULTS
 
 
@@ -123,8 +125,19 @@ def step_totals_by_job(
 
 # What the ledger reads of each job, as ``values()`` keys (see ``with_ledger_inputs``).
 LEDGER_FIELDS = ("id", "created_at", "submitted_at", "started_at", "ended_at", "parent_id")
+# The point sums ingest keeps on the job (``Job.points_*``), and the offset they hold at.
+POINT_TOTALS = (
+    "metrics_offset",
+    "points_totals_offset",
+    "points_count",
+    "points_last_step",
+    "points_step_time_s",
+    "points_data_time_s",
+    "points_blocking_s",
+)
 LEDGER_INPUTS = (
     *LEDGER_FIELDS,
+    *POINT_TOTALS,
     "resume_step",
     "resume_source",
     "first_wall",
@@ -136,17 +149,104 @@ LEDGER_INPUTS = (
 def with_ledger_inputs(jobs: QuerySet[Job]) -> QuerySet[Job]:
     """``jobs`` annotated with what the ledger needs beyond the job's own columns: the
     resumed checkpoint's step and job, the first logged step's wall time and elapsed
-    seconds (the training loop's start) and the last logged step's wall time. Subqueries in
-    the one query that reads the jobs."""
+    seconds (the training loop's start) and the last logged step's wall time. From the
+    job's kept sums where they hold, else subqueries in the one query that reads the jobs
+    (the database runs a subquery only for the rows that need it)."""
     points = MetricPoint.objects.filter(job=OuterRef("pk"))
     first_point = points.order_by("step")
+    kept = Q(points_totals_offset=F("metrics_offset"))
+
+    def kept_or(field: str, subquery: Subquery) -> Case:
+        return Case(When(kept, then=F(field)), default=subquery)
+
     return jobs.annotate(
         resume_step=F("resume_from__step"),
         resume_source=F("resume_from__job_id"),
-        first_wall=Subquery(first_point.values("wall_time")[:1]),
-        first_elapsed=Subquery(first_point.values("elapsed_s")[:1]),
-        last_wall=Subquery(points.order_by("-step").values("wall_time")[:1]),
+        first_wall=kept_or("points_first_wall", Subquery(first_point.values("wall_time")[:1])),
+        first_elapsed=kept_or(
+            "points_first_elapsed_s", Subquery(first_point.values("elapsed_s")[:1])
+        ),
+        last_wall=kept_or(
+            "points_last_wall", Subquery(points.order_by("-step").values("wall_time")[:1])
+        ),
     )
+
+
+def _kept_totals(
+    row: dict[str, Any], steps_range: goodput.StepRanges
+) -> dict[bool, goodput.StepTotals] | None:
+    """A job's step totals from the sums ingest keeps on it (a ``with_ledger_inputs`` row),
+    when they hold and none of its steps were redone; None: sum its points instead."""
+    offset = row["points_totals_offset"]
+    if offset is None or offset != row["metrics_offset"] or steps_range.cutoff is not None:
+        return None
+    if not row["points_count"]:
+        return {}
+    return {
+        False: goodput.StepTotals(
+            points=row["points_count"],
+            steps=max(0, (row["points_last_step"] or 0) - steps_range.start),
+            step_time_s=row["points_step_time_s"],
+            data_time_s=row["points_data_time_s"],
+            checkpoint_blocking_s=row["points_blocking_s"],
+        )
+    }
+
+
+def step_totals(
+    rows: list[dict[str, Any]],
+    ranges: dict[str, goodput.StepRanges],
+    *,
+    points: QuerySet[MetricPoint] | None = None,
+) -> dict[str, dict[bool, goodput.StepTotals]]:
+    """Each job's step totals (see ``step_totals_by_job``) for ``with_ledger_inputs`` rows:
+    from the sums kept on the job where they hold and all its steps are preserved, summed
+    in the database (one query, narrowed by ``points``) for the rest."""
+    totals: dict[str, dict[bool, goodput.StepTotals]] = {}
+    rest: dict[str, goodput.StepRanges] = {}
+    for row in rows:
+        job_id = str(row["id"])
+        steps_range = ranges.get(job_id)
+        if steps_range is None:
+            continue
+        kept = _kept_totals(row, steps_range)
+        if kept is None:
+            rest[job_id] = steps_range
+        elif kept:
+            totals[job_id] = kept
+    if rest:
+        totals.update(step_totals_by_job(rest, points=points))
+    return totals
+
+
+# A redone job's split sums change only with its points (they are in the key): kept a day.
+STEP_TOTALS_CACHE_SECONDS = 86_400
+
+
+def _lineage_step_totals(
+    rows: list[dict[str, Any]], ranges: dict[str, goodput.StepRanges]
+) -> dict[str, dict[bool, goodput.StepTotals]]:
+    """``step_totals`` for one lineage. The split sums of a job whose steps were redone
+    are cached under its offset and step range, which change with its points (jobs whose
+    sums ingest does not keep are summed each time)."""
+    keys = {
+        str(row["id"]): (
+            f"goodput-steps:{row['id']}:{row['metrics_offset']}:"
+            f"{ranges[str(row['id'])].start}:{ranges[str(row['id'])].cutoff}"
+        )
+        for row in rows
+        if str(row["id"]) in ranges
+        and ranges[str(row["id"])].cutoff is not None
+        and row["points_totals_offset"] == row["metrics_offset"]
+    }
+    cached = cache.get_many(list(keys.values()))
+    known = {job_id: cached[key] for job_id, key in keys.items() if key in cached}
+    totals = step_totals([row for row in rows if str(row["id"]) not in known], ranges)
+    cache.set_many(
+        {key: totals.get(job_id, {}) for job_id, key in keys.items() if job_id not in known},
+        timeout=STEP_TOTALS_CACHE_SECONDS,
+    )
+    return {**totals, **known}
 
 
 def lineage_link(row: dict[str, Any]) -> goodput.LineageLink:
@@ -180,6 +280,22 @@ def job_times(
         source_id=link.source_id,
         last_step_at=row["last_wall"],
     )
+
+
+# How long a cluster's interruption history is reused (it sums every ended job there).
+FAILURE_HISTORY_CACHE_SECONDS = 60
+
+
+def cluster_failure_history(*, cluster: Cluster) -> goodput.FailureHistory:
+    """``_failure_history`` of ``cluster``, reused for up to a minute: an interruption rate
+    over the cluster's whole history moves slowly, and summing it takes the longest of
+    the ledger's reads. The key names the cluster row (id and creation time)."""
+    key = f"goodput-failures:{cluster.pk}:{cluster.created_at.timestamp()}"
+    history = cache.get(key)
+    if history is None:
+        history = _failure_history(cluster_id=cluster.pk)
+        cache.set(key, history, timeout=FAILURE_HISTORY_CACHE_SECONDS)
+    return history  # type: ignore[no-any-return]
 
 
 def _failure_history(*, cluster_id: int) -> goodput.FailureHistory:
@@ -242,7 +358,7 @@ def job_goodput(*, job: Job, now: datetime | None = None) -> dict[str, Any]:
     )
     links = [lineage_link(row) for row in rows]
     ranges = goodput.lineage_step_ranges(links)
-    totals = step_totals_by_job(ranges)
+    totals = _lineage_step_totals(rows, ranges)
     times = [
         job_times(row, link, totals.get(link.job_id, {}))
         for row, link in zip(rows, links, strict=True)
@@ -302,7 +418,7 @@ def _job_checkpoint_advice(
             restore_s, restore_source = sum(restores) / len(restores), "resume"
     return goodput.checkpoint_advice(
         checkpoint_cost_s=cost,
-        history=_failure_history(cluster_id=job.cluster_id),
+        history=cluster_failure_history(cluster=job.cluster),
         gpus=goodput.job_gpus(
             nodes=job.nodes, gpus_per_node=job.gpus_per_node, tasks_per_node=job.tasks_per_node
         ),

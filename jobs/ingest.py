@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from django.db import connection, transaction
+from django.db.models import Count, Max, Sum
 
 from jobs.job_lifecycle import job_event
 from jobs.models import Checkpoint, Job, MetricPoint, StateFingerprint
@@ -39,6 +40,8 @@ def metrics_ingest(*, job: Job, data: bytes, start_offset: int) -> tuple[int, in
     points: dict[int, tuple[Any, ...]] = {}
     events: list[dict[str, Any]] = []
     get_keys = _METRIC_LINE_KEYS
+    # The lowest and highest step of the chunk with their wall times (the job's sums).
+    low_step, low_wall, high_step, high_wall = _MAX_STEP + 1, None, -1, None
     for line in _parse_lines(job, complete):
         if "event" in line:
             events.append(line)
@@ -51,6 +54,11 @@ def metrics_ingest(*, job: Job, data: bytes, start_offset: int) -> tuple[int, in
         # Outside the columns' ranges a value would fail the whole batch (and every retry).
         if not 0 <= step <= _MAX_STEP:
             continue
+        # The last line for a step wins, here as in the rows.
+        if step >= high_step:
+            high_step, high_wall = step, wall
+        if step <= low_step:
+            low_step, low_wall = step, wall
         get = line.get
         world_size = get("world_size")
         points[step] = (
@@ -63,28 +71,26 @@ def metrics_ingest(*, job: Job, data: bytes, start_offset: int) -> tuple[int, in
     new_offset = start_offset + len(complete)
     with transaction.atomic():
         # Conditional on the offset we read from: a racing watcher cannot double-store.
-        updates: dict[str, Any] = {"metrics_offset": new_offset}
-        if points:
-            updates["last_step"] = max(points)
-            # samples_per_s is the 6th column of a row.
-            newest = [points[step][5] for step in sorted(points)[-5:]]
-            rates = [rate for rate in newest if rate is not None]
-            if rates:
-                updates["throughput_now"] = sum(rates) / len(rates)
-        for event in events:
-            kind = event.get("event")
-            if kind == Event.START:
-                if isinstance(event.get("optimal_loss"), int | float):
-                    updates["optimal_loss"] = float(event["optimal_loss"])
-                if isinstance(event.get("target_loss"), int | float):
-                    updates["target_loss"] = float(event["target_loss"])
-            elif kind == Event.TARGET_REACHED and job.target_reached_step is None:
-                updates["target_reached_step"] = event.get("step")
-                updates["target_reached_elapsed_s"] = event.get("elapsed")
+        updates: dict[str, Any] = {"metrics_offset": new_offset, **_newest_updates(points)}
+        # The job's point sums move with the offset: added to when the chunk only appends
+        # to the job's steps, summed again in the database after the upsert otherwise.
+        appends = job.points_totals_offset == start_offset and (
+            job.points_last_step is None or low_step > job.points_last_step
+        )
+        if appends:
+            updates.update(
+                _totals_after_append(job, points, low_wall, high_step, high_wall, new_offset)
+            )
+        updates.update(_event_updates(job, events))
         if not Job.objects.filter(id=job.id, metrics_offset=start_offset).update(**updates):
             return 0, start_offset
         if points:
             _metric_points_upsert(list(points.values()))
+        if not appends:
+            updates.update(_totals_from_database(job.id, new_offset))
+            Job.objects.filter(id=job.id).update(
+                **{key: value for key, value in updates.items() if key.startswith("points_")}
+            )
         for event in events:
             kind = str(event.get("event"))
             if kind in _TIMELINE_EVENTS:
@@ -92,7 +98,108 @@ def metrics_ingest(*, job: Job, data: bytes, start_offset: int) -> tuple[int, in
             elif kind == Event.CHECKPOINT:
                 fingerprint_store(job=job, step=event.get("step"), data=event.get("fingerprint"))
     job.metrics_offset = new_offset
+    for key, value in updates.items():
+        if key.startswith("points_"):
+            setattr(job, key, value)
     return len(points), new_offset
+
+
+def _newest_updates(points: dict[int, tuple[Any, ...]]) -> dict[str, Any]:
+    """The job's newest step and its throughput now (mean of the newest five steps)."""
+    if not points:
+        return {}
+    updates: dict[str, Any] = {"last_step": max(points)}
+    # samples_per_s is the 6th column of a row.
+    newest = [points[step][5] for step in sorted(points)[-5:]]
+    rates = [rate for rate in newest if rate is not None]
+    if rates:
+        updates["throughput_now"] = sum(rates) / len(rates)
+    return updates
+
+
+def _event_updates(job: Job, events: list[dict[str, Any]]) -> dict[str, Any]:
+    """What the trainer's events set on the job: the known optimum and the quality target,
+    and when the target was reached."""
+    updates: dict[str, Any] = {}
+    for event in events:
+        kind = event.get("event")
+        if kind == Event.START:
+            if isinstance(event.get("optimal_loss"), int | float):
+                updates["optimal_loss"] = float(event["optimal_loss"])
+            if isinstance(event.get("target_loss"), int | float):
+                updates["target_loss"] = float(event["target_loss"])
+        elif kind == Event.TARGET_REACHED and job.target_reached_step is None:
+            updates["target_reached_step"] = event.get("step")
+            updates["target_reached_elapsed_s"] = event.get("elapsed")
+    return updates
+
+
+def _totals_after_append(
+    job: Job,
+    points: dict[int, tuple[Any, ...]],
+    low_wall: datetime | None,
+    high_step: int,
+    high_wall: datetime | None,
+    new_offset: int,
+) -> dict[str, Any]:
+    """The job's point sums with the chunk's rows added (every row a step after the
+    job's newest stored one). Row columns: see ``_METRIC_COLUMNS``."""
+    updates: dict[str, Any] = {"points_totals_offset": new_offset}
+    if not points:
+        return updates
+    rows = points.values()
+    first = job.points_count == 0
+    updates.update(
+        points_count=job.points_count + len(points),
+        points_last_step=high_step,
+        points_step_time_s=job.points_step_time_s + _column_sum(rows, 7),
+        points_data_time_s=job.points_data_time_s + _column_sum(rows, 8),
+        points_blocking_s=job.points_blocking_s + _column_sum(rows, 9),
+        points_last_wall=high_wall,
+    )
+    if first:
+        updates.update(points_first_wall=low_wall, points_first_elapsed_s=points[min(points)][3])
+    return updates
+
+
+def _column_sum(rows: Any, index: int) -> float:
+    # SUM in SQL skips NULLs; so does this.
+    return float(sum(value for row in rows if (value := row[index]) is not None))
+
+
+def _totals_from_database(job_id: Any, new_offset: int) -> dict[str, Any]:
+    """The job's point sums read from the stored points (three indexed queries): after a
+    chunk that rewrote stored steps, or for a job whose sums were not kept."""
+    points = MetricPoint.objects.filter(job_id=job_id)
+    sums = points.aggregate(
+        count=Count("id"),
+        last=Max("step"),
+        step_time=Sum("step_time_s"),
+        data_time=Sum("data_time_s"),
+        blocking=Sum("checkpoint_blocking_s"),
+    )
+    first = points.order_by("step").values("wall_time", "elapsed_s").first()
+    last = points.order_by("-step").values("wall_time").first()
+    return {
+        "points_count": sums["count"] or 0,
+        "points_last_step": sums["last"],
+        "points_step_time_s": sums["step_time"] or 0.0,
+        "points_data_time_s": sums["data_time"] or 0.0,
+        "points_blocking_s": sums["blocking"] or 0.0,
+        "points_first_wall": first["wall_time"] if first else None,
+        "points_first_elapsed_s": first["elapsed_s"] if first else None,
+        "points_last_wall": last["wall_time"] if last else None,
+        "points_totals_offset": new_offset,
+    }
+
+
+def point_totals_refresh(*, job_ids: list[Any]) -> None:
+    """Sum the stored points of ``job_ids`` into their ``points_*`` columns, current at
+    their offsets: for points that did not come through ingest (a bulk load)."""
+    for job_id, offset in Job.objects.filter(id__in=job_ids).values_list("id", "metrics_offset"):
+        Job.objects.filter(id=job_id, metrics_offset=offset).update(
+            **_totals_from_database(job_id, offset)
+        )
 
 
 def _parse_lines(job: Job, complete: bytes) -> list[dict[str, Any]]:

@@ -142,6 +142,22 @@ class Job(SlurmTracked):
     target_loss = models.FloatField(null=True, blank=True)
     # Set once the run directory was read after the job ended: nothing more will appear.
     files_final = models.BooleanField(default=False)
+    # Sums over the job's metric points, kept by ingest (``jobs.ingest``) as it stores them,
+    # so the goodput ledger reads one row instead of summing every point on each page view.
+    # They hold while ``points_totals_offset`` equals ``metrics_offset`` (ingest moves both
+    # in one update); points stored any other way (a bulk load, the admin) leave them stale
+    # and the readers sum in the database instead (``jobs.goodput_selectors``). Database
+    # defaults too: code from before these columns can still insert jobs.
+    points_count = models.PositiveIntegerField(default=0, db_default=0)
+    points_last_step = models.PositiveIntegerField(null=True, blank=True)
+    points_step_time_s = models.FloatField(default=0.0, db_default=0.0)
+    points_data_time_s = models.FloatField(default=0.0, db_default=0.0)
+    points_blocking_s = models.FloatField(default=0.0, db_default=0.0)
+    # The first logged step's wall time and elapsed seconds; the last logged step's wall time.
+    points_first_wall = models.DateTimeField(null=True, blank=True)
+    points_first_elapsed_s = models.FloatField(null=True, blank=True)
+    points_last_wall = models.DateTimeField(null=True, blank=True)
+    points_totals_offset = models.BigIntegerField(null=True, blank=True)
 
     ended_at = models.DateTimeField(null=True, blank=True)
 
@@ -167,6 +183,10 @@ class Job(SlurmTracked):
             models.Index(fields=["owner", "-created_at"], name="job_owner_created"),
             models.Index(fields=["state", "-created_at"], name="job_state_created"),
             models.Index(fields=["-created_at", "id"], name="job_created_id"),
+            # The job list filtered by cluster, newest first (the API's default order).
+            models.Index(fields=["cluster", "-created_at"], name="job_perf_cluster_created"),
+            # Recent failures (the overview): a person's ended jobs by end time.
+            models.Index(fields=["owner", "state", "-ended_at"], name="job_perf_owner_state_ended"),
         ]
 
     def __str__(self) -> str:
@@ -175,6 +195,13 @@ class Job(SlurmTracked):
     @property
     def is_final(self) -> bool:
         return self.state in self.FINAL_STATES
+
+    @property
+    def points_totals_valid(self) -> bool:
+        """Whether the ``points_*`` sums describe every stored metric point of the job."""
+        return self.points_totals_offset is not None and (
+            self.points_totals_offset == self.metrics_offset
+        )
 
     @property
     def world_size(self) -> int:
@@ -239,7 +266,16 @@ class MetricPoint(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["job", "step"], name="metricpoint_unique_step")
         ]
-        indexes = [models.Index(fields=["job", "wall_time"], name="metricpoint_job_time")]
+        indexes = [
+            models.Index(fields=["job", "wall_time"], name="metricpoint_job_time"),
+            # The steps that saved a checkpoint (a few in thousands), in blocking order: the
+            # median checkpoint cost reads only these.
+            models.Index(
+                fields=["job", "checkpoint_blocking_s"],
+                name="metricpoint_perf_blocking",
+                condition=Q(checkpoint_blocking_s__gt=0),
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"{self.job_id}@{self.step}"

@@ -8,13 +8,16 @@ request a job is composed from, and the verdict on a job's actual placement.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+
+from django.core.cache import cache
 
 from core.errors import FieldError
 from jobs.models import Job
 from jobs.validation import JobRequest, job_request_validate
-from nodes.models import Cluster
+from nodes.models import Cluster, Node
 from nodes.placement import Placement, PlacementCheck, placement_quality
 from nodes.placement_service import placement_advice, placement_inputs, placement_request
 from nodes.slurm.hostlist import compress, expand
@@ -141,3 +144,46 @@ def job_placement_check(job: Job) -> JobPlacementCheck | None:
         matches_request=matches,
         summary=text,
     )
+
+
+# A placed job's nodes stay its nodes while it runs: its verdict and the leaf switches
+# under it are worked out once per allocation (the key names the job and its node list).
+PLACEMENT_CACHE_SECONDS = 7 * 86_400
+
+
+@dataclass(frozen=True)
+class JobPlacement:
+    """What the job page says of where a job runs: the verdict (None before placement)
+    and the names of the leaf switches over its nodes."""
+
+    check: JobPlacementCheck | None
+    switches: list[str]
+
+
+def job_switches_spanned(job: Job) -> list[str]:
+    """The leaf switches over the job's allocated nodes, by name. One query."""
+    names = job.allocated_node_names
+    if not names:
+        return []
+    leaves = (
+        Node.objects.filter(cluster=job.cluster_id, name__in=names)
+        .exclude(leaf_switch__isnull=True)
+        .values_list("leaf_switch__name", flat=True)
+    )
+    return sorted(set(leaves))
+
+
+def job_placement(job: Job) -> JobPlacement:
+    """``job_placement_check`` and ``job_switches_spanned``, computed once per allocation:
+    the check reads every node of the cluster, too much for a page polled every few
+    seconds. Nothing to compute (and no query) before the job is placed."""
+    if not job.allocated_nodes:
+        return JobPlacement(check=None, switches=[])
+    request = "|".join((job.allocated_nodes, job.nodelist_requested, job.switches_requested))
+    digest = hashlib.blake2b(request.encode(), digest_size=16).hexdigest()
+    key = f"job-placement:{job.id}:{digest}"
+    placement = cache.get(key)
+    if placement is None:
+        placement = JobPlacement(check=job_placement_check(job), switches=job_switches_spanned(job))
+        cache.set(key, placement, timeout=PLACEMENT_CACHE_SECONDS)
+    return placement  # type: ignore[no-any-return]

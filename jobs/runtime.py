@@ -84,6 +84,46 @@ RANK_OUTPUT_PROGRAM = (
 ENV_NAME = re.compile(r"[A-Z_][A-Z0-9_]{0,63}")
 
 
+# The script records how it ended (any exit) in gantry-exit-<slurm id>.json, without
+# changing its exit status. Nothing here comes from the job's input.
+EXIT_RECORD_LINES = (
+    "gantry_signal=null",
+    "# Unix seconds with nanoseconds where date knows %N; whole seconds elsewhere.",
+    "gantry_now() {",
+    '  t=$(date +%s.%N 2>/dev/null) || t=""',
+    '  case "$t" in "" | *[!0-9.]*) date +%s ;; *) echo "$t" ;; esac',
+    "}",
+    "gantry_started=$(gantry_now)",
+    "# Record how the script ended (any exit), without changing its exit status.",
+    "gantry_exit() {",
+    "  rc=$?",
+    "  set +e",
+    '  { printf \'{"slurm_job_id": "%s", "exit_code": %d, "signal": %s, '
+    '"started": %s, "ended": %s}\\n\' "$SLURM_JOB_ID" "$rc" "$gantry_signal" '
+    '"$gantry_started" "$(gantry_now)" '
+    '> "$gantry_run/.gantry-exit.tmp" '
+    '&& mv -f "$gantry_run/.gantry-exit.tmp" "$gantry_run/gantry-exit-$SLURM_JOB_ID.json"; '
+    "} 2>/dev/null",
+    '  exit "$rc"',
+    "}",
+    "trap gantry_exit EXIT",
+    'trap \'gantry_signal="\\"TERM\\""; exit 143\' TERM',
+)
+
+# Where rank 0 listens (MASTER_ADDR/MASTER_PORT), from Slurm's own view of the allocation.
+RENDEZVOUS_LINES = (
+    "# Rank 0 listens on the first node; node names are not always DNS names.",
+    'first_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+    'MASTER_ADDR=$(scontrol show node "$first_node" | tr " " "\\n" '
+    "| sed -n 's/^NodeAddr=//p' | head -n 1)",
+    'export MASTER_ADDR="${MASTER_ADDR:-$first_node}"',
+    "# 20000-29999: clear of well-known service ports and of the ephemeral range.",
+    "export MASTER_PORT=$((20000 + SLURM_JOB_ID % 10000))",
+    'case "$MASTER_ADDR" in 127.*|localhost) export GLOO_SOCKET_IFNAME=lo ;; esac',
+    'echo "gantry: job $SLURM_JOB_ID on $SLURM_JOB_NODELIST, master $MASTER_ADDR:$MASTER_PORT"',
+)
+
+
 def render_sbatch(spec: ScriptSpec) -> str:
     """The job script. Resources are #SBATCH lines so the file on the cluster tells all.
 
@@ -125,39 +165,11 @@ def render_sbatch(spec: ScriptSpec) -> str:
         "",
         "set -euo pipefail",
         f"gantry_run={quote(spec.run_dir)}",
-        "gantry_signal=null",
-        "# Unix seconds with nanoseconds where date knows %N; whole seconds elsewhere.",
-        "gantry_now() {",
-        '  t=$(date +%s.%N 2>/dev/null) || t=""',
-        '  case "$t" in "" | *[!0-9.]*) date +%s ;; *) echo "$t" ;; esac',
-        "}",
-        "gantry_started=$(gantry_now)",
-        "# Record how the script ended (any exit), without changing its exit status.",
-        "gantry_exit() {",
-        "  rc=$?",
-        "  set +e",
-        '  { printf \'{"slurm_job_id": "%s", "exit_code": %d, "signal": %s, '
-        '"started": %s, "ended": %s}\\n\' "$SLURM_JOB_ID" "$rc" "$gantry_signal" '
-        '"$gantry_started" "$(gantry_now)" '
-        '> "$gantry_run/.gantry-exit.tmp" '
-        '&& mv -f "$gantry_run/.gantry-exit.tmp" "$gantry_run/gantry-exit-$SLURM_JOB_ID.json"; '
-        "} 2>/dev/null",
-        '  exit "$rc"',
-        "}",
-        "trap gantry_exit EXIT",
-        'trap \'gantry_signal="\\"TERM\\""; exit 143\' TERM',
+        *EXIT_RECORD_LINES,
         f"export PYTHONPATH={quote(spec.trainer_dir)}${{PYTHONPATH:+:$PYTHONPATH}}",
         "export PYTHONUNBUFFERED=1",
         *(f"export {name}={quote(value)}" for name, value in spec.environment),
-        "# Rank 0 listens on the first node; node names are not always DNS names.",
-        'first_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
-        'MASTER_ADDR=$(scontrol show node "$first_node" | tr " " "\\n" '
-        "| sed -n 's/^NodeAddr=//p' | head -n 1)",
-        'export MASTER_ADDR="${MASTER_ADDR:-$first_node}"',
-        "# 20000-29999: clear of well-known service ports and of the ephemeral range.",
-        "export MASTER_PORT=$((20000 + SLURM_JOB_ID % 10000))",
-        'case "$MASTER_ADDR" in 127.*|localhost) export GLOO_SOCKET_IFNAME=lo ;; esac',
-        'echo "gantry: job $SLURM_JOB_ID on $SLURM_JOB_NODELIST, master $MASTER_ADDR:$MASTER_PORT"',
+        *RENDEZVOUS_LINES,
         "# If one rank fails, end the others at once instead of leaving them waiting.",
         *(
             [

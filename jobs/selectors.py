@@ -12,6 +12,7 @@ from uuid import UUID
 
 from django.core.cache import cache
 from django.core.exceptions import ValidationError
+from django.db import connection
 from django.db.models import (
     Avg,
     Count,
@@ -23,6 +24,7 @@ from django.db.models import (
     Q,
     QuerySet,
 )
+from django.db.models.expressions import RawSQL
 from django.db.models.functions import Coalesce
 from django.http import Http404
 from django.utils import timezone
@@ -60,7 +62,18 @@ def job_list(
     a cluster name; ``search`` matches the name (contains) or the Slurm job id (exact);
     ``mine`` keeps the user's own jobs.
     """
-    jobs = job_list_for_user(user=user).select_related("parent", "resume_from")
+    # Of the related rows only what the list shows (a cluster row is mostly SSH details).
+    jobs = (
+        job_list_for_user(user=user)
+        .select_related("resume_from")
+        .only(
+            *(field.name for field in Job._meta.concrete_fields),
+            "cluster__name",
+            "owner__username",
+            "resume_from__step",
+            "resume_from__job_id",
+        )
+    )
     if state:
         if state not in Job.State.values:
             raise FieldError("state", f"unknown job state {state!r}")
@@ -74,6 +87,21 @@ def job_list(
     if search:
         jobs = jobs.filter(Q(name__icontains=search) | Q(slurm_job_id=search))
     return jobs
+
+
+def job_list_versions(jobs: QuerySet[Job]) -> QuerySet[Job, dict[str, Any]]:
+    """``jobs`` as ``values()`` rows that change whenever what the job list shows of a job
+    changes: its id, ``created_at`` (the list's order) and a digest of its whole row
+    (PostgreSQL hashes the row itself; elsewhere the columns come along), with the names
+    the list shows of its owner, cluster and resumed checkpoint. Cheap to read for a page
+    (no model objects), so a client's copy of a page can be checked before serializing."""
+    related = ("owner__username", "cluster__name", "resume_from__step")
+    if connection.vendor == "postgresql":
+        table = connection.ops.quote_name(Job._meta.db_table)
+        digest = RawSQL(f"md5(CAST(ROW({table}.*) AS text))", [])  # noqa: S611 - no input
+        return jobs.annotate(row_digest=digest).values("id", "created_at", "row_digest", *related)
+    columns = [field.attname for field in Job._meta.concrete_fields]
+    return jobs.values(*columns, *related)
 
 
 def job_get_for_user(*, user: Any, job_id: UUID | str) -> Job:

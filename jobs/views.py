@@ -6,25 +6,26 @@ from typing import Any
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.core.cache import cache
+from django.db.models.fields.json import KeyTextTransform
+from django.http import HttpRequest, HttpResponse, HttpResponseBase, HttpResponseRedirect
 from django.shortcuts import render
 from django.urls import reverse
+from django.utils import timezone
 from django.views.decorators.http import require_POST
 
 from core.access import can_act
+from core.conditional import etag_for, not_modified, revalidate, this_minute
 from core.errors import ApplicationError, FieldError
 from core.roles import is_operator, is_researcher
 from jobs.goodput import format_duration
 from jobs.models import Checkpoint, Job
 from jobs.pending_queue import job_pending_summary
-from jobs.placement import (
-    job_placement_check,
-)
+from jobs.placement import job_placement
 from jobs.script import job_script
 from jobs.selectors import job_get_for_user, job_goodput, job_list
 from jobs.services import job_cancel, job_resume
 from jobs.work_at_risk import job_work_at_risk
-from nodes.models import Node
 
 
 @login_required
@@ -43,7 +44,9 @@ def job_list_page(request: HttpRequest) -> HttpResponse:
                 owner=(owner or None) if sees_all else None,
                 search=search or None,
                 mine=mine,
-            ).order_by("-created_at")[:100]
+            )
+            .select_related("parent")
+            .order_by("-created_at")[:100]
         )
     except FieldError as refused:
         jobs, error = [], refused.message
@@ -64,47 +67,116 @@ def job_list_page(request: HttpRequest) -> HttpResponse:
     )
 
 
-def _switches_spanned(job: Job) -> list[str]:
-    names = job.allocated_node_names
-    if not names:
-        return []
-    leaves = (
-        Node.objects.filter(cluster=job.cluster, name__in=names)
-        .exclude(leaf_switch__isnull=True)
-        .values_list("leaf_switch__name", flat=True)
+def _job_live_context(request: HttpRequest, job: Job) -> dict[str, Any]:
+    """What the job page's polled header shows: a fixed number of queries, whatever the
+    job's points, checkpoints or cluster size (the placement verdict is worked out once
+    per allocation, ``jobs.placement.job_placement``)."""
+    checkpoints = list(
+        job.checkpoints.defer("manifest", "integrity_report")
+        .annotate(manifest_strategy=KeyTextTransform("strategy", "manifest"))
+        .order_by("-step")
     )
-    return sorted(set(leaves))
-
-
-def _pending_display(job: Job) -> dict[str, Any] | None:
-    """Why a pending job waits, when Slurm expects it to start, its place in the queue."""
-    return job_pending_summary(job=job)
-
-
-def _job_page_context(request: HttpRequest, job: Job, *, live_only: bool) -> dict[str, Any]:
-    """The one context of the job page; ``live_only`` is what its polled header needs."""
-    context: dict[str, Any] = {
+    placement = job_placement(job)
+    return {
         "job": job,
         "throughput": job.throughput_now,
         "events": list(job.events.all()),
-        "checkpoints": list(job.checkpoints.order_by("-step")),
+        "checkpoints": checkpoints,
+        # Job.newest_proven_checkpoint, from the checkpoints read anyway (newest first).
+        "newest_proven": next((c for c in checkpoints if c.last_proven_at is not None), None),
         "can_act": can_act(request.user, owner_id=job.owner_id),
-        "switches": _switches_spanned(job),
-        "placement_check": job_placement_check(job),
-        "pending": _pending_display(job),
+        "switches": placement.switches,
+        "placement_check": placement.check,
+        # Why a pending job waits, when Slurm expects it to start, its place in the queue.
+        "pending": job_pending_summary(job=job),
         "can_submit": is_researcher(request.user),
     }
-    if live_only:
-        return context
+
+
+def _job_state(context: dict[str, Any]) -> tuple[Any, ...]:
+    """What the job page shows of the job itself: its row, its timeline and checkpoints
+    (as ``_job_live_context`` read them), for ETags and cache keys."""
+    job: Job = context["job"]
+    return (
+        [getattr(job, field.attname) for field in Job._meta.concrete_fields],
+        job.cluster.name,
+        [(e.id, e.at, e.kind, e.to_state, e.message) for e in context["events"]],
+        [
+            (
+                c.id,
+                c.step,
+                c.size_bytes,
+                c.file_count,
+                c.world_size,
+                c.manifest_strategy,
+                c.state_keys,
+                c.integrity,
+                c.integrity_detail,
+                c.last_proven_at,
+                c.deleted_at,
+                c.saved_at,
+            )
+            for c in context["checkpoints"]
+        ],
+    )
+
+
+def _job_live_etag(request: HttpRequest, context: dict[str, Any]) -> str:
+    """The ETag of the polled header: everything it shows (the job's row, its timeline and
+    checkpoints, the pending summary, the viewer's rights), the session's CSRF secret (its
+    forms carry tokens) and the minute (it says "proven 3 minutes ago")."""
+    check = context["placement_check"]
+    return etag_for(
+        _job_state(context),
+        context["pending"],
+        check.summary if check else None,
+        check.flagged if check else None,
+        context["switches"],
+        context["can_act"],
+        context["can_submit"],
+        request.META.get("CSRF_COOKIE"),
+        this_minute(),
+    )
+
+
+# The job page's goodput ledger and work at risk are reused while the job, its timeline,
+# checkpoints and resumed jobs stay as they were, for at most this long (a running job's
+# figures grow with the clock): the page says when they were worked out.
+JOB_FIGURES_SECONDS = 60
+
+
+def _job_figures(job: Job, context: dict[str, Any], children: list[Job]) -> dict[str, Any]:
+    """``job_goodput`` (as the page shows it) and ``job_work_at_risk`` of the job, from the
+    cache framework under a key of what they are computed from and the minute."""
+    key = "job-figures:" + etag_for(
+        _job_state(context),
+        [(child.id, child.state, child.metrics_offset, child.ended_at) for child in children],
+        this_minute(),
+    )
+    figures = cache.get(key)
+    if figures is None:
+        figures = {
+            "goodput": _goodput_display(job_goodput(job=job)),
+            "work_at_risk": job_work_at_risk(job=job),
+            "figures_at": timezone.now(),
+        }
+        cache.set(key, figures, timeout=2 * JOB_FIGURES_SECONDS)
+    return figures  # type: ignore[no-any-return]
+
+
+def _job_page_context(request: HttpRequest, job: Job) -> dict[str, Any]:
+    """The whole job page: the live header and what only the full page shows."""
+    context = _job_live_context(request, job)
+    children = list(job.children.order_by("-created_at"))
     context.update(
-        children=list(job.children.order_by("-created_at")),
+        children=children,
         acceptance_json=(
             json.dumps(job.acceptance, indent=2, sort_keys=True) if job.acceptance else ""
         ),
         config_json=json.dumps(job.config, indent=2, sort_keys=True),
         script=job_script(job),
-        goodput=_goodput_display(job_goodput(job=job)),
-        work_at_risk=job_work_at_risk(job=job),
+        figures_seconds=JOB_FIGURES_SECONDS,
+        **_job_figures(job, context, children),
     )
     return context
 
@@ -166,14 +238,20 @@ def _percent(ratio: float | None) -> str:
 @login_required
 def job_detail_page(request: HttpRequest, job_id: uuid.UUID) -> HttpResponse:
     job = job_get_for_user(user=request.user, job_id=job_id)
-    return render(request, "jobs/job_detail.html", _job_page_context(request, job, live_only=False))
+    return render(request, "jobs/job_detail.html", _job_page_context(request, job))
 
 
 @login_required
-def job_status_partial(request: HttpRequest, job_id: uuid.UUID) -> HttpResponse:
-    """The live header of the job page, polled while the tab is visible."""
+def job_status_partial(request: HttpRequest, job_id: uuid.UUID) -> HttpResponseBase:
+    """The live header of the job page, polled while the tab is visible: rendered only
+    when it changed since the poller's copy (304 otherwise, see ``core.conditional``)."""
     job = job_get_for_user(user=request.user, job_id=job_id)
-    return render(request, "jobs/_job_status.html", _job_page_context(request, job, live_only=True))
+    context = _job_live_context(request, job)
+    etag = _job_live_etag(request, context)
+    unchanged = not_modified(request, etag)
+    if unchanged is not None:
+        return unchanged
+    return revalidate(render(request, "jobs/_job_status.html", context), etag)
 
 
 @login_required

@@ -113,6 +113,47 @@ def work_at_risk(*, jobs: QuerySet[Job], now: datetime | None = None) -> list[Jo
     """Work at risk of each running job among ``jobs`` (the caller passes what the person
     may see), oldest start first. One query."""
     now = now or timezone.now()
+    return [_job_risk(row, now=now) for row in _risk_rows(jobs)]
+
+
+@dataclass(frozen=True)
+class RunningJobs:
+    """The running jobs among some, as the overview sums them up."""
+
+    risks: list[JobRisk]
+    # Σ samples/s now (``Job.throughput_now``) of the running jobs.
+    throughput_now: float
+    # Running jobs whose newest checkpoint a restore drill proved (the drills page's
+    # "proven share", ``drills.selectors.drill_fleet_health``).
+    newest_proven: int
+
+    @property
+    def count(self) -> int:
+        return len(self.risks)
+
+
+def running_jobs_summary(*, jobs: QuerySet[Job], now: datetime | None = None) -> RunningJobs:
+    """``work_at_risk`` of ``jobs`` with the running jobs' throughput and how many have a
+    proven newest checkpoint, in its one query."""
+    now = now or timezone.now()
+    newest = Checkpoint.objects.filter(job=OuterRef("pk")).order_by("-step")
+    rows = list(
+        _risk_rows(
+            jobs,
+            throughput=F("throughput_now"),
+            newest_proven_at=_newest(newest, "last_proven_at"),
+        )
+    )
+    return RunningJobs(
+        risks=[_job_risk(row, now=now) for row in rows],
+        throughput_now=sum(row["throughput"] or 0.0 for row in rows),
+        newest_proven=sum(row["newest_proven_at"] is not None for row in rows),
+    )
+
+
+def _risk_rows(jobs: QuerySet[Job], **extra: Any) -> QuerySet[Job, dict[str, Any]]:
+    """The running jobs among ``jobs`` with their newest usable checkpoints (subqueries),
+    as ``values()`` rows, oldest start first; ``extra`` annotations come along."""
     usable = (
         Checkpoint.objects.filter(job=OuterRef("pk"), deleted_at__isnull=True)
         .exclude(integrity=Checkpoint.Integrity.FAILED)
@@ -120,7 +161,7 @@ def work_at_risk(*, jobs: QuerySet[Job], now: datetime | None = None) -> list[Jo
         .order_by("-step")
     )
     proven = usable.filter(last_proven_at__isnull=False)
-    rows = (
+    return (
         jobs.filter(state__in=AT_RISK_STATES)
         .annotate(
             proven_step=_newest(proven, "step"),
@@ -131,8 +172,10 @@ def work_at_risk(*, jobs: QuerySet[Job], now: datetime | None = None) -> list[Jo
             resumed_proven_at=F("resume_from__last_proven_at"),
             max_age_minutes=F("cluster__proven_checkpoint_max_age_minutes"),
             cluster_name=F("cluster__name"),
+            **extra,
         )
         .values(
+            *extra,
             "id",
             "name",
             "owner_id",
@@ -154,7 +197,6 @@ def work_at_risk(*, jobs: QuerySet[Job], now: datetime | None = None) -> list[Jo
         )
         .order_by("started_at", "created_at", "id")
     )
-    return [_job_risk(row, now=now) for row in rows]
 
 
 def _job_risk(row: dict[str, Any], *, now: datetime) -> JobRisk:

@@ -1,77 +1,22 @@
-"""Pages that combine apps (the composition root): the overview, a node's page with the
-jobs on it, and the topology with a job's or a proposed placement highlighted."""
+"""Pages that combine apps (the composition root): the overview (``overview_page``), a node's
+page with the jobs on it, and the topology with a job's or a proposed placement
+highlighted."""
 
 from __future__ import annotations
 
 from django.contrib.auth.decorators import login_required
-from django.db.models import Sum
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, render
 
+from controlplane.pages.overview_page import overview as overview
+from controlplane.pages.overview_page import overview_live_partial as overview_live_partial
 from core.roles import is_operator
-from drills.selectors import drill_fleet_health
-from jobs.fleet_goodput import goodput_by_cluster_week
-from jobs.models import Job
-from jobs.selectors import job_get_for_user, job_list_for_user, jobs_on_node
-from jobs.work_at_risk import work_at_risk, work_at_risk_by_cluster
+from jobs.selectors import job_get_for_user, jobs_on_node
 from nodes.models import Cluster, Node
 from nodes.placement import placement_quality
 from nodes.placement_service import placement_inputs
-from nodes.selectors import cluster_health_list, cluster_list, switch_tree
+from nodes.selectors import cluster_list, switch_tree
 from nodes.slurm.hostlist import expand
-
-# How many ISO weeks the overview's goodput table shows, this one included.
-OVERVIEW_GOODPUT_WEEKS = 8
-
-
-def _overview_context(request: HttpRequest) -> dict[str, object]:
-    jobs = job_list_for_user(user=request.user)
-    throughput = (
-        jobs.filter(state=Job.State.RUNNING).aggregate(total=Sum("throughput_now"))["total"] or 0.0
-    )
-    risks = work_at_risk(jobs=jobs)
-    return {
-        "work_at_risk": sorted(
-            work_at_risk_by_cluster(risks).values(), key=lambda total: total.cluster
-        ),
-        "breaches": sorted(
-            (risk for risk in risks if risk.breached), key=lambda risk: -risk.proven.age_s
-        ),
-        "throughput_now": throughput,
-        "drill_health": drill_fleet_health(user=request.user),
-        "cluster_health": cluster_health_list(),
-        "running_count": jobs.filter(state=Job.State.RUNNING).count(),
-        "pending_count": jobs.filter(
-            state__in=[
-                Job.State.QUEUED,
-                Job.State.SUBMITTING,
-                Job.State.SUBMIT_UNKNOWN,
-                Job.State.PENDING,
-            ]
-        ).count(),
-        "recent_failures": list(
-            jobs.filter(state__in=[Job.State.FAILED, Job.State.NODE_FAIL, Job.State.LOST]).order_by(
-                "-ended_at", "-created_at"
-            )[:5]
-        ),
-    }
-
-
-@login_required
-def overview(request: HttpRequest) -> HttpResponse:
-    context = _overview_context(request)
-    # Not in the live part: it sums every metric point of the weeks shown.
-    context["goodput_weeks"] = goodput_by_cluster_week(
-        jobs=job_list_for_user(user=request.user), weeks=OVERVIEW_GOODPUT_WEEKS
-    )
-    return render(request, "overview.html", context)
-
-
-@login_required
-def overview_live_partial(request: HttpRequest) -> HttpResponse:
-    """The live part of the overview, polled while the tab is visible."""
-    return render(request, "_overview_live.html", _overview_context(request))
-
 
 # How far back the node page lists the jobs that ended on the node.
 NODE_RECENT_JOB_DAYS = 7

@@ -22,6 +22,7 @@ What is exported, every series labelled by cluster name:
 - ``gantry_goodput_ratio{cluster}`` and ``gantry_goodput_seconds{cluster,bucket}``: the
   goodput ledger (``jobs.goodput``) of the jobs that ended in the last 7 days or run now:
   productive / wall, and the seconds of every bucket. Absent for a cluster without such jobs.
+  Computed again at most once a minute (``GOODPUT_CACHE_SECONDS``): it sums a week of jobs.
 - ``gantry_submit_backlog{cluster,kind}``: jobs and drills queued for, or in, submission
   (the Celery submit work; Gantry keeps it in the database, so no broker is asked).
 - ``gantry_cluster_*``: inventory sync and accounting (sacct) health from the cluster row.
@@ -43,11 +44,13 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.conf import settings
+from django.core.cache import cache
 from django.db.models import Count, OuterRef, Q, Subquery
 from django.db.models.functions import Coalesce
 from django.http import HttpRequest, HttpResponse
@@ -77,6 +80,8 @@ SUBMIT_BACKLOG_DRILL_STATES = (RestoreDrill.State.QUEUED, RestoreDrill.State.SUB
 NO_VERDICT = "none"
 # The goodput ratio covers the jobs that ended this recently, and those running.
 GOODPUT_WINDOW = timedelta(days=7)
+# The goodput figures are computed again at most this often (see ``_goodput_window``).
+GOODPUT_CACHE_SECONDS = 60
 
 
 @dataclass
@@ -110,17 +115,21 @@ class FleetSnapshot:
 def fleet_snapshot() -> FleetSnapshot:
     """Everything /metrics exports, in a fixed number of queries and one cache read."""
     snapshot = FleetSnapshot()
-    for row in Cluster.objects.order_by().values(
-        "id",
-        "name",
-        "sync_status",
-        "sync_failures",
-        "last_sync_ok_at",
-        "last_reconcile_at",
-        "last_reconcile_error",
-        "accounting_available",
-        "accounting_failures",
-    ):
+    clusters = list(
+        Cluster.objects.order_by("id").values(
+            "id",
+            "created_at",
+            "name",
+            "sync_status",
+            "sync_failures",
+            "last_sync_ok_at",
+            "last_reconcile_at",
+            "last_reconcile_error",
+            "accounting_available",
+            "accounting_failures",
+        )
+    )
+    for row in clusters:
         snapshot.clusters[row["id"]] = ClusterRow(
             name=row["name"],
             sync_status=row["sync_status"],
@@ -164,12 +173,24 @@ def fleet_snapshot() -> FleetSnapshot:
     for risk in risks:
         oldest = snapshot.oldest_proven_age.get(risk.cluster_id, 0.0)
         snapshot.oldest_proven_age[risk.cluster_id] = max(oldest, risk.proven.age_s)
-    now = timezone.now()
-    snapshot.goodput = goodput_by_cluster(
-        jobs=Job.objects.all(), since=now - GOODPUT_WINDOW, now=now
-    )
+    snapshot.goodput = _goodput_window(clusters)
     snapshot.worker = worker_stats.worker_stats_for_clusters(list(snapshot.clusters))
     return snapshot
+
+
+def _goodput_window(clusters: Sequence[Mapping[str, Any]]) -> dict[int, goodput.Ledger]:
+    """``goodput_by_cluster`` over ``GOODPUT_WINDOW``, reused for up to
+    ``GOODPUT_CACHE_SECONDS``: it sums the ledgers of a week of jobs, and a scrape every
+    few seconds need not. The key names the clusters (their ids and creation times)."""
+    key = "metrics-goodput:" + ",".join(
+        f"{row['id']}@{row['created_at'].timestamp()}" for row in clusters
+    )
+    ledgers = cache.get(key)
+    if ledgers is None:
+        now = timezone.now()
+        ledgers = goodput_by_cluster(jobs=Job.objects.all(), since=now - GOODPUT_WINDOW, now=now)
+        cache.set(key, ledgers, timeout=GOODPUT_CACHE_SECONDS)
+    return ledgers  # type: ignore[no-any-return]
 
 
 class GantryCollector:
@@ -278,7 +299,7 @@ def _goodput_metrics(snapshot: FleetSnapshot) -> Iterator[Metric]:
     ratio = GaugeMetricFamily(
         "gantry_goodput_ratio",
         "Effective training time ratio (productive / wall) of the jobs that ended in the "
-        "last 7 days or run now; absent without such jobs.",
+        "last 7 days or run now; absent without such jobs. Computed at most once a minute.",
         labels=["cluster"],
     )
     seconds = GaugeMetricFamily(

@@ -103,15 +103,18 @@ def test_fsdp_checkpoint_is_truly_sharded(fsdp2, ddp2):
     assert ck.verify(str(ckpt(fsdp2, 3)))["ok"]
     assert ck.rank_consistency(str(ckpt(fsdp2, 3)), manifest) == []
     # The same run with DDP (same init, same data) reaches the same global state: keyed the
-    # same way, sharded or replicated, within float reduction order.
+    # same way, sharded or replicated, within float reduction order: within what a drill
+    # accepts after replay (Adam's normalised step turns reduction-order noise in a small
+    # gradient, such as a bias's, into ~1e-4 relative differences on some CPUs).
     from trainer import fingerprint
+    from trainer.drill import DEFAULT_STATE_TOLERANCE
 
     assert (
         fingerprint.compare(
             manifest["fingerprint"],
             _manifest(ddp2)["fingerprint"],
             exact=False,
-            tolerance=1e-5,
+            tolerance=DEFAULT_STATE_TOLERANCE,
             compare_rng=False,
         )
         == []
