@@ -65,6 +65,8 @@ SECRET = "bench-web-secret-key-not-for-production-0123456789abcdef"
 GOAL_P95_MS = 250.0
 RESEARCHERS = 50
 API_CLIENTS = 5
+# The page cache of the servers under test (a database of its own, emptied for each tree).
+REDIS_URL = "redis://127.0.0.1:6379/12"
 
 # One Lua script for every run. Each wrk thread has one connection and its own Lua state:
 # thread i takes client i's requests (a cycle of paths with its headers) and think times.
@@ -287,7 +289,7 @@ def server_env(tree: Path) -> dict[str, str]:
             "DATABASE_URL": lib.pg_url(DB),
             "GANTRY_DATA_DIR": str(lib.BENCH_DIR / "data"),
             "GANTRY_STATIC_ROOT": str(lib.BENCH_DIR / f"static-{tree.name}"),
-            "REDIS_URL": "redis://127.0.0.1:6379/12",
+            "REDIS_URL": REDIS_URL,
             "GANTRY_LOG_LEVEL": "WARNING",
             "PYTHONPATH": str(tree),
             "PGOPTIONS": "-c jit=off",
@@ -510,6 +512,10 @@ def wrk_result(proc: subprocess.Popen[bytes], work: Path, role: str) -> dict[str
 def measure_tree(
     name: str, tree: Path, data: dict[str, Any], args: argparse.Namespace, work: Path
 ) -> dict[str, Any]:
+    # Each tree starts with an empty page cache: nothing one computed serves the other.
+    import redis
+
+    redis.Redis.from_url(REDIS_URL).flushdb()
     server = Server(tree, args.workers, proxy=args.proxy)
     print(
         f"# {name}: gunicorn pid {server.process.pid}, {args.workers} sync workers, "

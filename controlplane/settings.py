@@ -238,6 +238,10 @@ PENDING_REFRESH_SECONDS = envint("GANTRY_PENDING_REFRESH", 30, minimum=5)
 RECONCILE_FAST_INTERVAL_SECONDS = envfloat(
     "GANTRY_RECONCILE_FAST_INTERVAL", 0.5, minimum=0.2, maximum=60
 )
+# The overview (and its live part, polled every 5 s) shows a snapshot of the fleet at most
+# this old: everyone with the same view of the fleet (the operators; each researcher alone)
+# shares one computation per period, however many tabs poll. 0: computed on every request.
+OVERVIEW_SNAPSHOT_SECONDS = envint("GANTRY_OVERVIEW_SNAPSHOT_SECONDS", 5, minimum=0, maximum=60)
 SUBMIT_LEASE_SECONDS = envint("GANTRY_SUBMIT_LEASE", 120, minimum=5)
 SUBMIT_REQUEUE_AFTER_SECONDS = envint("GANTRY_SUBMIT_REQUEUE_AFTER", 60, minimum=5)
 JOB_LOST_AFTER_SECONDS = envint("GANTRY_JOB_LOST_AFTER", 600, minimum=30)

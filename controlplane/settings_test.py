@@ -52,6 +52,10 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
     "global_keyprefix": f"gantry-test-{TEST_RUN_ID}:",
 }
 
+# Tests look at the overview right after changing the fleet: no snapshot reuse (the
+# snapshot's own tests turn it on).
+OVERVIEW_SNAPSHOT_SECONDS = 0
+
 # Login throttling counts in a per-process cache in tests: no shared state between runs.
 CACHES = {
     "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},

@@ -10,6 +10,7 @@ expensive part) only when the client's copy is stale.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import time
 
@@ -23,6 +24,16 @@ def etag_for(*parts: object) -> str:
     return f'"{digest}"'
 
 
+@functools.cache
+def static_release() -> str:
+    """An ETag part for whole pages: which static files (CSS, scripts, by their hashed
+    names) they link to, so a deploy that changed them never revalidates an old copy."""
+    from django.contrib.staticfiles.storage import staticfiles_storage
+
+    hashed = getattr(staticfiles_storage, "hashed_files", None) or {}
+    return etag_for(sorted(hashed.items()))
+
+
 def this_minute() -> int:
     """An ETag part for responses with relative times in words ("proven 3 minutes ago"):
     the client's copy goes stale once a minute, as those words do."""
@@ -30,11 +41,21 @@ def this_minute() -> int:
 
 
 def not_modified(request: HttpRequest, etag: str) -> HttpResponseBase | None:
-    """A 304 when the request's ``If-None-Match`` names ``etag``; None otherwise."""
+    """A 304 when the request's ``If-None-Match`` names ``etag``; None otherwise, and
+    always None while the session holds a message to show (the page after an action, which
+    the browser may revalidate: its copy has no message)."""
+    if _messages_waiting(request):
+        return None
     response = get_conditional_response(request, etag=etag)
     if response is not None:
         revalidate(response, etag)
     return response
+
+
+def _messages_waiting(request: HttpRequest) -> bool:
+    # len() reads the stored messages without marking them shown.
+    storage = getattr(request, "_messages", None)
+    return storage is not None and len(storage) > 0
 
 
 def revalidate(response: HttpResponseBase, etag: str) -> HttpResponseBase:

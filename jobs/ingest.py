@@ -190,6 +190,7 @@ def _totals_from_database(job_id: Any, new_offset: int) -> dict[str, Any]:
         "points_first_elapsed_s": first["elapsed_s"] if first else None,
         "points_last_wall": last["wall_time"] if last else None,
         "points_totals_offset": new_offset,
+        "points_rebuilt_offset": new_offset,
     }
 
 

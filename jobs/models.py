@@ -158,6 +158,10 @@ class Job(SlurmTracked):
     points_first_elapsed_s = models.FloatField(null=True, blank=True)
     points_last_wall = models.DateTimeField(null=True, blank=True)
     points_totals_offset = models.BigIntegerField(null=True, blank=True)
+    # The offset at which the stored points last changed other than by steps appended after
+    # the newest one (a chunk that rewrote stored steps, a bulk load): a downsampled series
+    # built since then can be extended with the new steps alone (``jobs.metric_series``).
+    points_rebuilt_offset = models.BigIntegerField(null=True, blank=True)
 
     ended_at = models.DateTimeField(null=True, blank=True)
 

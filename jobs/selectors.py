@@ -32,6 +32,7 @@ from django.utils import timezone
 from core.errors import FieldError
 from core.roles import is_operator
 from jobs.goodput_selectors import job_goodput as job_goodput
+from jobs.metric_series import downsampled_series
 from jobs.models import Checkpoint, Job, MetricPoint
 from nodes.models import Node
 from nodes.slurm.hostlist import expand
@@ -160,6 +161,20 @@ def job_metrics(
 def _job_metrics_uncached(
     *, job: Job, step_min: int | None, step_max: int | None, max_points: int
 ) -> dict[str, Any]:
+    whole = step_min is None and step_max is None
+    if whole and job.points_totals_valid and job.points_count > max_points:
+        # The live chart's view: extended with the new steps, not averaged again.
+        series = downsampled_series(job, max_points, METRIC_SERIES)
+        return {
+            "job": str(job.id),
+            "count": series["count"],
+            "downsampled": True,
+            "step": series["step"],
+            "series": series["series"],
+            "optimal_loss": job.optimal_loss,
+            "target_loss": job.target_loss,
+            "target_reached_step": job.target_reached_step,
+        }
     points = MetricPoint.objects.filter(job=job)
     if step_min is not None:
         points = points.filter(step__gte=step_min)

@@ -15,7 +15,7 @@ from django.utils import timezone
 from django.views.decorators.http import require_POST
 
 from core.access import can_act
-from core.conditional import etag_for, not_modified, revalidate, this_minute
+from core.conditional import etag_for, not_modified, revalidate, static_release, this_minute
 from core.errors import ApplicationError, FieldError
 from core.roles import is_operator, is_researcher
 from jobs.goodput import format_duration
@@ -236,9 +236,25 @@ def _percent(ratio: float | None) -> str:
 
 
 @login_required
-def job_detail_page(request: HttpRequest, job_id: uuid.UUID) -> HttpResponse:
+def job_detail_page(request: HttpRequest, job_id: uuid.UUID) -> HttpResponseBase:
     job = job_get_for_user(user=request.user, job_id=job_id)
-    return render(request, "jobs/job_detail.html", _job_page_context(request, job))
+    context = _job_page_context(request, job)
+    # The header's ETag and what only the whole page shows (figures, resumed jobs, script).
+    etag = etag_for(
+        _job_live_etag(request, context),
+        job.owner.get_username(),
+        [
+            [getattr(child, f.attname) for f in Job._meta.concrete_fields]
+            for child in context["children"]
+        ],
+        context["figures_at"],
+        context["script"],
+        static_release(),
+    )
+    unchanged = not_modified(request, etag)
+    if unchanged is not None:
+        return unchanged
+    return revalidate(render(request, "jobs/job_detail.html", context), etag)
 
 
 @login_required

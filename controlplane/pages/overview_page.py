@@ -10,20 +10,29 @@ from the cache framework, under keys that name what they were computed from:
   ``last_sync_at`` is in the key) and at least every ``NODE_COUNTS_SECONDS``;
 - the goodput table, computed again at least every ``GOODPUT_WEEKS_SECONDS``.
 
-The page says so under each.
+The page says so under each. The rest (the live part) is a snapshot of the fleet reused for
+``settings.OVERVIEW_SNAPSHOT_SECONDS`` (5 s, the live part's poll interval) by everyone with
+the same view of it: the operators share one, each researcher has their own (their jobs
+only). So a fleet's worth of open tabs costs one computation per period, and the page says
+when its snapshot was taken. The live part and the page answer ``304`` to a poll while the
+snapshot shows the same (``core.conditional``): its digest is taken when it is computed.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
 from django.contrib.auth.decorators import login_required
 from django.core.cache import cache
 from django.db.models import Count, IntegerField, OuterRef, Subquery
 from django.db.models.functions import Coalesce
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponseBase
 from django.shortcuts import render
+from django.template.loader import render_to_string
+from django.utils import timezone
 
+from core.conditional import etag_for, not_modified, revalidate, static_release
 from core.roles import is_operator
 from drills.models import RestoreDrill
 from drills.selectors import restore_drill_list_for_user
@@ -122,6 +131,42 @@ def _overview_context(request: HttpRequest) -> dict[str, Any]:
     }
 
 
+def _viewer_scope(user: Any) -> str:
+    """Who sees the same overview: every operator sees the whole fleet; anyone else only
+    their own jobs (their row's id and creation time: a recreated account is a new one)."""
+    if is_operator(user):
+        return "operators"
+    joined = getattr(user, "date_joined", None)
+    return f"user:{user.pk}:{joined and joined.timestamp()}"
+
+
+def _overview_snapshot(request: HttpRequest) -> dict[str, Any]:
+    """``_overview_context`` as of at most ``OVERVIEW_SNAPSHOT_SECONDS`` ago, shared by the
+    viewers of the same scope, with ``snapshot_at`` and ``snapshot_digest`` (a digest of
+    the live part rendered from it, for ETags; role-dependent parts and CSRF tokens are
+    added per request, and named in the ETag)."""
+    seconds = settings.OVERVIEW_SNAPSHOT_SECONDS
+    key = f"overview-snapshot:{_viewer_scope(request.user)}"
+    snapshot = cache.get(key) if seconds > 0 else None
+    if snapshot is None:
+        snapshot = _overview_context(request)
+        snapshot["snapshot_at"] = timezone.now()
+        snapshot["snapshot_seconds"] = seconds
+        shown = render_to_string("_overview_live.html", {**snapshot, "gantry_role": "operator"})
+        snapshot["snapshot_digest"] = etag_for(shown)
+        if seconds > 0:
+            cache.set(key, snapshot, timeout=seconds)
+    return snapshot  # type: ignore[no-any-return]
+
+
+def _overview_etag(request: HttpRequest, *parts: object) -> str:
+    """The ETag of what a viewer sees of the overview: the snapshot's digest, their role
+    (an operator's copy has "sync now" forms), the session's CSRF secret (the forms' tokens)
+    and ``parts``."""
+    role = "operator" if is_operator(request.user) else "viewer"
+    return etag_for(*parts, role, request.META.get("CSRF_COOKIE"))
+
+
 def _goodput_weeks(request: HttpRequest) -> dict[str, Any]:
     """``goodput_by_cluster_week`` of the jobs this person may see, reused for up to
     ``GOODPUT_WEEKS_SECONDS``: it sums the ledgers of eight weeks of jobs. The key names
@@ -142,14 +187,30 @@ def _goodput_weeks(request: HttpRequest) -> dict[str, Any]:
 
 
 @login_required
-def overview(request: HttpRequest) -> HttpResponse:
-    context = _overview_context(request)
+def overview(request: HttpRequest) -> HttpResponseBase:
+    context = dict(_overview_snapshot(request))
     context["goodput_weeks"] = _goodput_weeks(request)
     context["goodput_weeks_seconds"] = GOODPUT_WEEKS_SECONDS
-    return render(request, "overview.html", context)
+    etag = _overview_etag(
+        request,
+        "page",
+        context["snapshot_digest"],
+        repr(context["goodput_weeks"]),
+        static_release(),
+    )
+    unchanged = not_modified(request, etag)
+    if unchanged is not None:
+        return unchanged
+    return revalidate(render(request, "overview.html", context), etag)
 
 
 @login_required
-def overview_live_partial(request: HttpRequest) -> HttpResponse:
-    """The live part of the overview, polled while the tab is visible."""
-    return render(request, "_overview_live.html", _overview_context(request))
+def overview_live_partial(request: HttpRequest) -> HttpResponseBase:
+    """The live part of the overview, polled while the tab is visible: ``304`` while the
+    snapshot shows what the poller already has."""
+    context = _overview_snapshot(request)
+    etag = _overview_etag(request, "live", context["snapshot_digest"])
+    unchanged = not_modified(request, etag)
+    if unchanged is not None:
+        return unchanged
+    return revalidate(render(request, "_overview_live.html", context), etag)

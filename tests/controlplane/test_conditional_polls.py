@@ -210,3 +210,21 @@ def test_the_overview_counts_what_the_fleet_reads_count(
     html = page.get("/").content.decode()
     assert 'data-testid="node-counts-age"' in html
     assert "Recomputed at most every 60 s" in html
+
+
+def test_the_job_page_is_revalidated_until_the_job_or_its_resumed_jobs_change(
+    page: Client, researcher: Any
+) -> None:
+    job = JobFactory(owner=researcher, state=Job.State.FAILED, ended_at=timezone.now())
+    path = f"/jobs/{job.id}/"
+    page.get(path)  # the session's CSRF cookie (the page's forms)
+    first, again = first_and_again(page, path)
+    assert again.status_code == 304 and again["ETag"] == first["ETag"]
+    # Resumed as a new job (shown under "Resumed as"), then that job starts.
+    child = JobFactory(owner=researcher, parent=job, state=Job.State.PENDING, name="resumed-x")
+    changed = revalidate(page, path, first["ETag"])
+    assert changed.status_code == 200 and "resumed-x" in changed.content.decode()
+    Job.objects.filter(pk=child.pk).update(state=Job.State.RUNNING)
+    started = revalidate(page, path, changed["ETag"])
+    assert started.status_code == 200 and "state-running" in started.content.decode()
+    assert revalidate(page, path, started["ETag"]).status_code == 304
