@@ -206,13 +206,16 @@ def seed_or_reuse(args: argparse.Namespace) -> dict[str, Any]:
     connection.close()
     psql = ["psql", "-h", lib.PG_HOST, "-p", lib.PG_PORT, "-U", lib.PG_USER]
     subprocess.run([*psql, "-qc", "VACUUM ANALYZE", DB], check=True)
-    cookies = []
-    for _ in range(RESEARCHERS):
-        client = Client()
-        client.force_login(owner)
-        cookies.append(
-            f"{settings.SESSION_COOKIE_NAME}={client.cookies[settings.SESSION_COOKIE_NAME].value}"
-        )
+    # A session names the authentication backend that signed it in, and a tree accepts only
+    # its own (this one's loads the user with their roles; the baseline's is Django's).
+    cookies: dict[str, list[str]] = {}
+    for backend in (settings.AUTHENTICATION_BACKENDS[0], DJANGO_BACKEND):
+        cookies[backend] = []
+        for _ in range(RESEARCHERS):
+            client = Client()
+            client.force_login(owner, backend=backend)
+            value = client.cookies[settings.SESSION_COOKIE_NAME].value
+            cookies[backend].append(f"{settings.SESSION_COOKIE_NAME}={value}")
     token = Token.objects.get_or_create(user=owner)[0].key
     counts = {
         "jobs": Job.objects.count(),
@@ -227,6 +230,18 @@ def seed_or_reuse(args: argparse.Namespace) -> dict[str, Any]:
         "drill": drill,
         "counts": counts,
     }
+
+
+DJANGO_BACKEND = "django.contrib.auth.backends.ModelBackend"
+
+
+def tree_cookies(tree: Path, data: dict[str, Any]) -> list[str]:
+    """The session cookies ``tree`` accepts (see ``seed_or_reuse``)."""
+    settings_py = (tree / "controlplane" / "settings.py").read_text()
+    for backend, cookies in data["cookies"].items():
+        if backend != DJANGO_BACKEND and f'"{backend}"' in settings_py:
+            return list(cookies)
+    return list(data["cookies"][DJANGO_BACKEND])
 
 
 def _running_drill(job_id: str) -> str:
@@ -527,7 +542,8 @@ def measure_tree(
         flush=True,
     )
     out: dict[str, Any] = {"unloaded": {}, "capacity": []}
-    cookie, token = data["cookies"][0], f"Token {data['token']}"
+    cookies = tree_cookies(tree, data)
+    cookie, token = cookies[0], f"Token {data['token']}"
     api_etags = "1" if args.api_etags else "0"
     try:
         job = data["metric_jobs"][0]
@@ -551,7 +567,7 @@ def measure_tree(
         # Realistic: researchers poll their job's page every 3 s; API clients list jobs each s.
         jobs = data["metric_jobs"]
         researchers = [
-            f"{BROWSER}\t{data['cookies'][i]}\t/jobs/{jobs[i % len(jobs)]}/status/\t"
+            f"{BROWSER}\t{cookies[i]}\t/jobs/{jobs[i % len(jobs)]}/status/\t"
             f"/api/v1/jobs/{jobs[i % len(jobs)]}/metrics/"
             for i in range(RESEARCHERS)
         ]
