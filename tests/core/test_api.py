@@ -52,6 +52,34 @@ def test_token_authentication(researcher: Any) -> None:
     assert_error_shape(response.json())
 
 
+def test_an_authtoken_brings_its_users_roles_in_the_same_query(
+    researcher: Any, operator: Any, outsider: Any
+) -> None:
+    from django.contrib.auth.models import User
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+    from rest_framework.authtoken.models import Token
+
+    def client_with(user: Any) -> APIClient:
+        client = APIClient()
+        client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=user).key}")
+        return client
+
+    researcher_client = client_with(researcher)
+    with CaptureQueriesContext(connection) as captured:
+        assert researcher_client.get("/api/v1/jobs/").status_code == 200
+    sql = [query["sql"] for query in captured.captured_queries]
+    # One query for the token, its user and both roles; no role check of its own.
+    assert len([q for q in sql if "authtoken_token" in q]) == 1
+    assert not [q for q in sql if "auth_group" in q and "authtoken_token" not in q], sql
+    # The roles it brought are the user's own: no role, no jobs; an operator sees the audit log.
+    assert client_with(outsider).get("/api/v1/jobs/").status_code == 403
+    assert client_with(operator).get("/api/v1/audit-events/").status_code == 200
+    assert researcher_client.get("/api/v1/audit-events/").status_code == 403
+    User.objects.filter(pk=researcher.pk).update(is_active=False)
+    assert researcher_client.get("/api/v1/jobs/").status_code == 401
+
+
 def test_audit_log_is_operator_only_and_cursor_paginated(
     operator: Any, operator_api: APIClient, researcher_api: APIClient
 ) -> None:
