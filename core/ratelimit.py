@@ -158,7 +158,7 @@ class ThrottledTokenAuthentication(TokenAuthentication):
 
         model = self.get_model()
         token = (
-            model.objects.select_related("user")
+            model._default_manager.select_related("user")
             .annotate(**role_annotations("user_id"))
             .filter(key=key)
             .first()
