@@ -14,7 +14,7 @@ The page says so under each. The rest (the live part) is a snapshot of the fleet
 ``settings.OVERVIEW_SNAPSHOT_SECONDS`` (5 s, the live part's poll interval) by everyone with
 the same view of it: the operators share one, each researcher has their own (their jobs
 only). So a fleet's worth of open tabs costs one computation per period, and the page says
-when its snapshot was taken. The live part and the page answer ``304`` to a poll while the
+how old its figures may be. The live part and the page answer ``304`` to a poll while the
 snapshot shows the same (``core.conditional``): its digest is taken when it is computed.
 """
 
@@ -30,7 +30,6 @@ from django.db.models.functions import Coalesce
 from django.http import HttpRequest, HttpResponseBase
 from django.shortcuts import render
 from django.template.loader import render_to_string
-from django.utils import timezone
 
 from core.conditional import etag_for, not_modified, revalidate, static_release
 from core.roles import is_operator
@@ -142,7 +141,7 @@ def _viewer_scope(user: Any) -> str:
 
 def _overview_snapshot(request: HttpRequest) -> dict[str, Any]:
     """``_overview_context`` as of at most ``OVERVIEW_SNAPSHOT_SECONDS`` ago, shared by the
-    viewers of the same scope, with ``snapshot_at`` and ``snapshot_digest`` (a digest of
+    viewers of the same scope, with ``snapshot_seconds`` and ``snapshot_digest`` (a digest of
     the live part rendered from it, for ETags; role-dependent parts and CSRF tokens are
     added per request, and named in the ETag)."""
     seconds = settings.OVERVIEW_SNAPSHOT_SECONDS
@@ -150,7 +149,6 @@ def _overview_snapshot(request: HttpRequest) -> dict[str, Any]:
     snapshot = cache.get(key) if seconds > 0 else None
     if snapshot is None:
         snapshot = _overview_context(request)
-        snapshot["snapshot_at"] = timezone.now()
         snapshot["snapshot_seconds"] = seconds
         shown = render_to_string("_overview_live.html", {**snapshot, "gantry_role": "operator"})
         snapshot["snapshot_digest"] = etag_for(shown)

@@ -30,6 +30,10 @@ def queries(client: Client, path: str, **headers: Any) -> tuple[list[str], Any]:
     return [query["sql"] for query in captured.captured_queries], response
 
 
+def running(owner: Any, cluster: Any, rate: float) -> Job:
+    return JobFactory(owner=owner, cluster=cluster, state=Job.State.RUNNING, throughput_now=rate)
+
+
 @pytest.fixture(autouse=True)
 def _empty_cache() -> Any:
     cache.clear()
@@ -44,7 +48,7 @@ def test_viewers_with_the_same_view_share_one_snapshot_for_its_period(
     from core.roles import OPERATORS
 
     cluster = ClusterFactory(name="snap-a")
-    JobFactory(owner=researcher, cluster=cluster, state=Job.State.RUNNING, throughput_now=40)
+    running(researcher, cluster, 40)
     first_operator = client_for(operator)
     cold, response = queries(first_operator, "/overview/live/")
     assert response.status_code == 200
@@ -58,7 +62,7 @@ def test_viewers_with_the_same_view_share_one_snapshot_for_its_period(
     assert any("jobs_job" in sql for sql in cold)
     assert not any("jobs_job" in sql or "jobs_restoredrill" in sql for sql in warm), warm
     # A job that starts within the period shows once the snapshot is older than it.
-    JobFactory(owner=researcher, cluster=cluster, state=Job.State.RUNNING, throughput_now=60)
+    running(researcher, cluster, 60)
     assert first_operator.get("/overview/live/").context["running_count"] == 1
     cache.clear()  # the period is over (the snapshot's key expires with it)
     assert first_operator.get("/overview/live/").context["running_count"] == 2
@@ -69,8 +73,8 @@ def test_a_researcher_never_sees_a_snapshot_taken_for_another_view(
     operator: Any, researcher: Any, other_researcher: Any
 ) -> None:
     cluster = ClusterFactory(name="snap-b")
-    JobFactory(owner=researcher, cluster=cluster, state=Job.State.RUNNING, throughput_now=10)
-    JobFactory(owner=other_researcher, cluster=cluster, state=Job.State.RUNNING, throughput_now=20)
+    running(researcher, cluster, 10)
+    running(other_researcher, cluster, 20)
     JobFactory(owner=other_researcher, cluster=cluster, state=Job.State.FAILED, name="theirs-x")
     assert client_for(operator).get("/overview/live/").context["running_count"] == 2
     mine = client_for(researcher).get("/overview/live/")
@@ -88,7 +92,7 @@ def test_overview_polls_are_answered_304_while_the_snapshot_shows_the_same(
     operator: Any, researcher: Any
 ) -> None:
     cluster = ClusterFactory(name="snap-c")
-    JobFactory(owner=researcher, cluster=cluster, state=Job.State.RUNNING, throughput_now=40)
+    running(researcher, cluster, 40)
     page = client_for(operator)
     page.get("/")  # the session's CSRF cookie: an operator's copy has "sync now" forms
     for path in ("/overview/live/", "/"):
@@ -102,7 +106,7 @@ def test_overview_polls_are_answered_304_while_the_snapshot_shows_the_same(
         assert page.get(path, HTTP_IF_NONE_MATCH=first["ETag"]).status_code == 304, path
     etag = page.get("/overview/live/")["ETag"]
     # What the snapshot shows changed: the fresh copy once it is taken again.
-    JobFactory(owner=researcher, cluster=cluster, state=Job.State.RUNNING, throughput_now=60)
+    running(researcher, cluster, 60)
     assert page.get("/overview/live/", HTTP_IF_NONE_MATCH=etag).status_code == 304
     cache.delete("overview-snapshot:operators")
     fresh = page.get("/overview/live/", HTTP_IF_NONE_MATCH=etag)
