@@ -6,10 +6,13 @@ run as their own account there; the outsider and users made by hand have none.""
 
 from __future__ import annotations
 
+import types
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
+from django.utils import timezone
 from rest_framework.test import APIClient
 
 from factories import UserFactory, map_personas
@@ -137,3 +140,17 @@ def dev_cluster_registered(transactional_db: Any) -> Any:
     devcluster.trust_user_ca(registration.cluster.user_ca_public_key)
     map_personas(cluster=registration.cluster)
     return registration.cluster
+
+
+@pytest.fixture
+def still_clock(monkeypatch: pytest.MonkeyPatch) -> datetime:
+    """The clock held still (``timezone.now`` and the minute conditional responses turn
+    over on) for tests that revalidate a page: what pages show moves with the clock (work at
+    risk in GPU-hours grows by 0.01 every few seconds, relative times turn over each minute),
+    and a revalidation that straddles such a change is rightly answered 200, not 304."""
+    import core.conditional
+
+    frozen = timezone.now()
+    monkeypatch.setattr(timezone, "now", lambda: frozen)
+    monkeypatch.setattr(core.conditional, "time", types.SimpleNamespace(time=frozen.timestamp))
+    return frozen

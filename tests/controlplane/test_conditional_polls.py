@@ -47,7 +47,7 @@ def revalidate(client: Client, path: str, etag: str, **headers: Any) -> Any:
 
 
 def test_the_job_header_is_not_sent_again_until_the_job_changes(
-    page: Client, researcher: Any
+    page: Client, researcher: Any, still_clock: Any
 ) -> None:
     job = JobFactory(owner=researcher, state=Job.State.RUNNING, started_at=timezone.now())
     path = f"/jobs/{job.id}/status/"
@@ -98,7 +98,9 @@ def test_the_header_of_another_persons_job_is_still_refused(
     assert page.get(f"/jobs/{theirs.id}/status/", HTTP_IF_NONE_MATCH="*").status_code == 404
 
 
-def test_metrics_are_sent_again_only_when_new_points_arrived(page: Client, researcher: Any) -> None:
+def test_metrics_are_sent_again_only_when_new_points_arrived(
+    page: Client, researcher: Any, still_clock: Any
+) -> None:
     job = JobFactory(owner=researcher, state=Job.State.RUNNING)
     line = {"step": 1, "time": 1_800_000_000, "loss": 2.0, "step_time": 0.1}
     metrics_ingest(job=job, data=(json.dumps(line) + "\n").encode(), start_offset=0)
@@ -140,7 +142,9 @@ def test_the_api_job_list_answers_304_until_a_job_on_the_page_changes(
     assert second["ETag"] != fresh["ETag"]
 
 
-def test_the_drill_status_is_sent_again_when_the_drill_moves(page: Client, researcher: Any) -> None:
+def test_the_drill_status_is_sent_again_when_the_drill_moves(
+    page: Client, researcher: Any, still_clock: Any
+) -> None:
     checkpoint = CheckpointFactory(job=JobFactory(owner=researcher))
     drill = RestoreDrill.objects.create(
         checkpoint=checkpoint,
@@ -213,7 +217,7 @@ def test_the_overview_counts_what_the_fleet_reads_count(
 
 
 def test_the_job_page_is_revalidated_until_the_job_or_its_resumed_jobs_change(
-    page: Client, researcher: Any
+    page: Client, researcher: Any, still_clock: Any
 ) -> None:
     job = JobFactory(owner=researcher, state=Job.State.FAILED, ended_at=timezone.now())
     path = f"/jobs/{job.id}/"

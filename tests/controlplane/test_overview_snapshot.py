@@ -89,7 +89,7 @@ def test_a_researcher_never_sees_a_snapshot_taken_for_another_view(
 
 @override_settings(OVERVIEW_SNAPSHOT_SECONDS=5)
 def test_overview_polls_are_answered_304_while_the_snapshot_shows_the_same(
-    operator: Any, researcher: Any
+    operator: Any, researcher: Any, still_clock: Any
 ) -> None:
     cluster = ClusterFactory(name="snap-c")
     running(researcher, cluster, 40)

@@ -186,7 +186,7 @@ def counts(client: Client, fleet: Fleet) -> dict[str, tuple[int, int, int | None
 
 
 @pytest.fixture
-def fleet(researcher: Any) -> Fleet:
+def fleet(researcher: Any, still_clock: datetime) -> Fleet:
     return Fleet(researcher)
 
 
