@@ -153,29 +153,24 @@ class ThrottledTokenAuthentication(TokenAuthentication):
 
     def _authtoken_credentials(self, key: str) -> Any:
         """DRF's own lookup of an authtoken key, with the user's roles in the same query
-        (``core.roles.role_annotations``): a role check then costs no query of its own."""
-        from core.roles import remember_roles, role_annotations
+        (``core.auth.authtoken_user``): a role check then costs no query of its own."""
+        from core.auth import authtoken_user
 
-        model = self.get_model()
-        token = (
-            model._default_manager.select_related("user")
-            .annotate(**role_annotations("user_id"))
-            .filter(key=key)
-            .first()
-        )
-        if token is None:
+        found = authtoken_user(key)
+        if found is None:
             raise AuthenticationFailed("Invalid token.")
-        if not token.user.is_active:
+        user, token = found
+        if not user.is_active:
             raise AuthenticationFailed("User inactive or deleted.")
-        remember_roles(token.user, token)
-        return token.user, token
+        return user, token
 
     def authenticate(self, request: Any) -> Any:
         counter = FailureCounter(
             max_failures=settings.TOKEN_MAX_FAILURES, window_seconds=settings.LOGIN_FAILURE_WINDOW
         )
         key = _key("token-ip", client_address(request))
-        if counter.blocked(key) and request.META.get("HTTP_AUTHORIZATION"):
+        # Only a request that brings a token is refused (and costs a look at the counter).
+        if request.META.get("HTTP_AUTHORIZATION") and counter.blocked(key):
             raise Throttled(
                 wait=counter.window_seconds,
                 detail="Too many requests with invalid tokens from this address.",

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.cache import cache
 from django.urls import reverse
 from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_field
 from rest_framework import generics, serializers, status
@@ -23,8 +22,6 @@ from jobs.placement import job_request_with_advice, placement_advice_for_request
 from jobs.selectors import (
     job_get_for_user,
     job_goodput,
-    job_list,
-    job_list_versions,
     job_metrics,
 )
 from jobs.services import job_cancel, job_log_tail, job_preview, job_resume, job_submit
@@ -349,74 +346,6 @@ class JobPreviewApi(APIView):
         )
 
 
-# How long a serialized page of the job list is kept (its key changes with its rows).
-JOB_LIST_CACHE_SECONDS = 600
-
-
-class JobPagination(CursorPagination):
-    ordering = "-created_at"
-
-
-class JobListApi(generics.ListAPIView):
-    """Jobs you may see (operators: all), newest first; filter by state, owner, cluster."""
-
-    permission_classes = [IsResearcherOrOperator]
-    serializer_class = JobSerializer
-    pagination_class = JobPagination
-    filter_backends: list[Any] = []
-
-    @extend_schema(
-        parameters=[
-            OpenApiParameter("state", str, enum=[value for value, _ in Job.State.choices]),
-            OpenApiParameter("owner", str),
-            OpenApiParameter("cluster", str),
-            OpenApiParameter("search", str),
-        ]
-    )
-    def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
-        return super().get(request, *args, **kwargs)
-
-    def list(self, request: Request, *args: Any, **kwargs: Any) -> Response:
-        """One page, serialized only when it changed: the page is first read as row
-        versions (``job_list_versions``), which give its ETag (a 304 answers a client that
-        has it) and the key of its serialized rows in the cache framework; only a page not
-        seen before reads and serializes its jobs."""
-        jobs = self.get_queryset()
-        page = self.paginate_queryset(job_list_versions(jobs))
-        paginator = self.paginator
-        assert page is not None and isinstance(paginator, JobPagination)
-        etag = etag_for(
-            request.get_full_path(),
-            [tuple(row.values()) for row in page],
-            paginator.get_next_link(),
-            paginator.get_previous_link(),
-        )
-        unchanged = not_modified(request, etag)
-        if unchanged is not None:
-            return unchanged  # type: ignore[return-value]
-        # The serialized page, under the key of what it shows (nothing to invalidate).
-        key = f"job-list-page:{etag}"
-        rows = cache.get(key)
-        if rows is None:
-            ids = [row["id"] for row in page]
-            found = {job.id: job for job in jobs.filter(id__in=ids)}
-            rows = self.get_serializer([found[i] for i in ids if i in found], many=True).data
-            cache.set(key, rows, timeout=JOB_LIST_CACHE_SECONDS)
-        response = self.get_paginated_response(rows)
-        revalidate(response, etag)
-        return response
-
-    def get_queryset(self):  # type: ignore[no-untyped-def]
-        params = self.request.query_params
-        return job_list(
-            user=self.request.user,
-            state=params.get("state"),
-            owner=params.get("owner"),
-            cluster=params.get("cluster"),
-            search=params.get("search"),
-        )
-
-
 class JobDetailApi(APIView):
     permission_classes = [IsResearcherOrOperator]
 
@@ -482,6 +411,16 @@ class JobResumeApi(APIView):
         return accepted(new_job)
 
 
+# The job's fields a metrics answer changes with (its ETag).
+METRICS_VERSION_FIELDS = (
+    "id",
+    "metrics_offset",
+    "optimal_loss",
+    "target_loss",
+    "target_reached_step",
+)
+
+
 class JobMetricsApi(APIView):
     """Metric series, downsampled on the server to at most ``max_points`` per series."""
 
@@ -496,7 +435,8 @@ class JobMetricsApi(APIView):
         responses=dict,
     )
     def get(self, request: Request, job_id: str) -> Response:
-        job = job_get_for_user(user=request.user, job_id=job_id)
+        # What the answer depends on, read narrowly first: most polls end in a 304.
+        job = job_get_for_user(user=request.user, job_id=job_id, only=METRICS_VERSION_FIELDS)
         params = request.query_params
 
         def integer(name: str, default: int | None, low: int, high: int) -> int | None:
@@ -528,6 +468,7 @@ class JobMetricsApi(APIView):
         unchanged = not_modified(request, etag)
         if unchanged is not None:
             return unchanged  # type: ignore[return-value]
+        job = job_get_for_user(user=request.user, job_id=job_id)
         data = job_metrics(job=job, step_min=step_min, step_max=step_max, max_points=max_points)
         response = Response(data)
         revalidate(response, etag)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from django.urls import URLPattern, path
 
-from jobs import api, api_job_actions, api_templates
+from jobs import api, api_job_actions, api_templates, list_api
 
 urlpatterns: list[URLPattern] = [
-    path("jobs/", api.JobListApi.as_view(), name="job-list"),
+    path("jobs/", list_api.JobListApi.as_view(), name="job-list"),
     path("jobs/submit/", api.JobSubmitApi.as_view(), name="job-submit"),
     path("jobs/preview/", api.JobPreviewApi.as_view(), name="job-preview"),
     path("jobs/<uuid:job_id>/", api.JobDetailApi.as_view(), name="job-detail"),

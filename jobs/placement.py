@@ -173,17 +173,38 @@ def job_switches_spanned(job: Job) -> list[str]:
     return sorted(set(leaves))
 
 
+def _placement_key(
+    job_id: object, allocated_nodes: str, nodelist_requested: str, switches_requested: str
+) -> str:
+    request = "|".join((allocated_nodes, nodelist_requested, switches_requested))
+    digest = hashlib.blake2b(request.encode(), digest_size=16).hexdigest()
+    return f"job-placement:{job_id}:{digest}"
+
+
 def job_placement(job: Job) -> JobPlacement:
     """``job_placement_check`` and ``job_switches_spanned``, computed once per allocation:
     the check reads every node of the cluster, too much for a page polled every few
     seconds. Nothing to compute (and no query) before the job is placed."""
     if not job.allocated_nodes:
         return JobPlacement(check=None, switches=[])
-    request = "|".join((job.allocated_nodes, job.nodelist_requested, job.switches_requested))
-    digest = hashlib.blake2b(request.encode(), digest_size=16).hexdigest()
-    key = f"job-placement:{job.id}:{digest}"
+    key = _placement_key(
+        job.id, job.allocated_nodes, job.nodelist_requested, job.switches_requested
+    )
     placement = cache.get(key)
     if placement is None:
         placement = JobPlacement(check=job_placement_check(job), switches=job_switches_spanned(job))
         cache.set(key, placement, timeout=PLACEMENT_CACHE_SECONDS)
     return placement  # type: ignore[no-any-return]
+
+
+def job_placement_known(
+    *, job_id: object, allocated_nodes: str, nodelist_requested: str, switches_requested: str
+) -> JobPlacement | None:
+    """What ``job_placement`` answers for this allocation if it needs no computing (the
+    job is not placed, or its verdict is in the cache); None when it would compute it."""
+    if not allocated_nodes:
+        return JobPlacement(check=None, switches=[])
+    found = cache.get(
+        _placement_key(job_id, allocated_nodes, nodelist_requested, switches_requested)
+    )
+    return found if isinstance(found, JobPlacement) else None

@@ -5,6 +5,7 @@ jobs on a node, a pending job's place in the queue. Goodput reads are in
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -105,13 +106,18 @@ def job_list_versions(jobs: QuerySet[Job]) -> QuerySet[Job, dict[str, Any]]:
     return jobs.values(*columns, *related)
 
 
-def job_get_for_user(*, user: Any, job_id: UUID | str) -> Job:
+def job_get_for_user(*, user: Any, job_id: UUID | str, only: Sequence[str] = ()) -> Job:
     """The one access check for a job, used by pages, API and tasks alike.
 
     Raises Http404 both for a missing job and for someone else's: no existence leak.
+    ``only``: read just these fields of the job and none of its related rows (a poll's
+    cheap look at whether anything changed; reading any other field costs a query).
     """
+    jobs = job_list_for_user(user=user)
+    if only:
+        jobs = jobs.select_related(None).only(*only)
     try:
-        return job_list_for_user(user=user).get(id=job_id)
+        return jobs.get(id=job_id)
     except (Job.DoesNotExist, ValueError, TypeError, ValidationError):
         raise Http404("No such job.") from None
 

@@ -20,8 +20,9 @@ from core.errors import ApplicationError, FieldError
 from core.roles import is_operator, is_researcher
 from jobs.goodput import format_duration
 from jobs.models import Checkpoint, Job
+from jobs.page_versions import CHECKPOINT_FIELDS, EVENT_FIELDS, JobVersion, job_version
 from jobs.pending_queue import job_pending_summary
-from jobs.placement import job_placement
+from jobs.placement import job_placement, job_placement_known
 from jobs.script import job_script
 from jobs.selectors import job_get_for_user, job_goodput, job_list
 from jobs.services import job_cancel, job_resume
@@ -95,28 +96,19 @@ def _job_live_context(request: HttpRequest, job: Job) -> dict[str, Any]:
 
 def _job_state(context: dict[str, Any]) -> tuple[Any, ...]:
     """What the job page shows of the job itself: its row, its timeline and checkpoints
-    (as ``_job_live_context`` read them), for ETags and cache keys."""
+    (as ``_job_live_context`` read them), for ETags and cache keys. The same columns as
+    ``jobs.page_versions`` digests in the database."""
     job: Job = context["job"]
     return (
         [getattr(job, field.attname) for field in Job._meta.concrete_fields],
         job.cluster.name,
-        [(e.id, e.at, e.kind, e.to_state, e.message) for e in context["events"]],
+        [tuple(getattr(event, name) for name in EVENT_FIELDS) for event in context["events"]],
         [
             (
-                c.id,
-                c.step,
-                c.size_bytes,
-                c.file_count,
-                c.world_size,
-                c.manifest_strategy,
-                c.state_keys,
-                c.integrity,
-                c.integrity_detail,
-                c.last_proven_at,
-                c.deleted_at,
-                c.saved_at,
+                *(getattr(checkpoint, name) for name in CHECKPOINT_FIELDS),
+                checkpoint.manifest_strategy,
             )
-            for c in context["checkpoints"]
+            for checkpoint in context["checkpoints"]
         ],
     )
 
@@ -136,6 +128,39 @@ def _job_live_etag(request: HttpRequest, context: dict[str, Any]) -> str:
         context["can_submit"],
         request.META.get("CSRF_COOKIE"),
         this_minute(),
+    )
+
+
+def _job_version_etag(
+    request: HttpRequest, version: JobVersion | None, *parts: object
+) -> str | None:
+    """The ETag of a job's header from its version (``jobs.page_versions``: a digest the
+    database computes of the rows it shows) and what the version leaves out: the
+    placement verdict, the viewer's rights, the session's CSRF secret (the header's forms)
+    and the minute. None where the version does not tell: no version (SQLite), a pending
+    job (its place in the queue depends on other jobs), a placement not worked out yet."""
+    if version is None or version.state == Job.State.PENDING:
+        return None
+    placement = job_placement_known(
+        job_id=version.job_id,
+        allocated_nodes=version.allocated_nodes,
+        nodelist_requested=version.nodelist_requested,
+        switches_requested=version.switches_requested,
+    )
+    if placement is None:
+        return None
+    check = placement.check
+    return etag_for(
+        "version",
+        version.digest,
+        check.summary if check else None,
+        check.flagged if check else None,
+        placement.switches,
+        can_act(request.user, owner_id=version.owner_id),
+        is_researcher(request.user),
+        request.META.get("CSRF_COOKIE"),
+        this_minute(),
+        *parts,
     )
 
 
@@ -237,10 +262,18 @@ def _percent(ratio: float | None) -> str:
 
 @login_required
 def job_detail_page(request: HttpRequest, job_id: uuid.UUID) -> HttpResponseBase:
+    # A revalidation is answered from the page's version where there is one (PostgreSQL);
+    # the figures and the script are current to the minute, which its ETag names.
+    version = job_version(user=request.user, job_id=job_id, page=True)
+    etag = _job_version_etag(request, version, "page", static_release())
+    if etag is not None:
+        unchanged = not_modified(request, etag)
+        if unchanged is not None:
+            return unchanged
     job = job_get_for_user(user=request.user, job_id=job_id)
     context = _job_page_context(request, job)
     # The header's ETag and what only the whole page shows (figures, resumed jobs, script).
-    etag = etag_for(
+    etag = etag or etag_for(
         _job_live_etag(request, context),
         job.owner.get_username(),
         [
@@ -260,10 +293,16 @@ def job_detail_page(request: HttpRequest, job_id: uuid.UUID) -> HttpResponseBase
 @login_required
 def job_status_partial(request: HttpRequest, job_id: uuid.UUID) -> HttpResponseBase:
     """The live header of the job page, polled while the tab is visible: rendered only
-    when it changed since the poller's copy (304 otherwise, see ``core.conditional``)."""
+    when it changed since the poller's copy (304 otherwise, see ``core.conditional``),
+    which one narrow query tells where the database digests the header's rows."""
+    etag = _job_version_etag(request, job_version(user=request.user, job_id=job_id))
+    if etag is not None:
+        unchanged = not_modified(request, etag)
+        if unchanged is not None:
+            return unchanged
     job = job_get_for_user(user=request.user, job_id=job_id)
     context = _job_live_context(request, job)
-    etag = _job_live_etag(request, context)
+    etag = etag or _job_live_etag(request, context)
     unchanged = not_modified(request, etag)
     if unchanged is not None:
         return unchanged

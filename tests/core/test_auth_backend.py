@@ -51,3 +51,24 @@ def test_a_missing_or_deactivated_account_is_nobody(researcher: Any) -> None:
     assert backend.get_user(researcher.pk) is None
     # The session no longer signs anyone in.
     assert page.get("/jobs/").status_code == 302
+
+
+def test_an_authtoken_reads_its_user_and_roles_in_one_query(researcher: Any) -> None:
+    from rest_framework.authtoken.models import Token
+
+    from core.auth import authtoken_user
+
+    token = Token.objects.create(user=researcher)
+    with CaptureQueriesContext(connection) as captured:
+        found = authtoken_user(token.key)
+        assert found is not None
+        user, loaded = found
+        roles = (is_operator(user), is_researcher(user))
+    assert len(captured.captured_queries) == 1
+    assert roles == (False, True)
+    want = User.objects.get(pk=researcher.pk)
+    assert [getattr(user, f.attname) for f in User._meta.concrete_fields] == [
+        getattr(want, f.attname) for f in User._meta.concrete_fields
+    ]
+    assert (loaded.key, loaded.user_id, loaded.created) == (token.key, researcher.pk, token.created)
+    assert authtoken_user(token.key[:-1] + "x") is None
