@@ -159,6 +159,8 @@ SECURE_HSTS_PRELOAD = GANTRY_TLS and envbool("GANTRY_HSTS_PRELOAD", True)
 SECURE_CONTENT_TYPE_NOSNIFF = True
 SECURE_REFERRER_POLICY = "same-origin"
 SESSION_COOKIE_HTTPONLY = True
+# Sessions in the database, read from the cache (a copy kept at most a minute): core.sessions.
+SESSION_ENGINE = "core.sessions"
 X_FRAME_OPTIONS = "DENY"
 if envbool("GANTRY_BEHIND_PROXY", False):
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
