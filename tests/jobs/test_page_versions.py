@@ -92,26 +92,20 @@ def test_the_timeline_checkpoints_and_names_it_shows_change_it_and_nothing_else(
         assert now not in seen
         seen.add(now)
 
+    def change_each(row: Any, fields: tuple[str, ...]) -> None:
+        """Each shown column of ``row`` in turn, as the watcher changes them (updates)."""
+        for name in fields:
+            if name != "id":
+                value = other_value(row._meta.get_field(name), getattr(row, name))
+                type(row).objects.filter(pk=row.pk).update(**{name: value})
+                changes()
+
     event = JobEvent.objects.create(job=job, kind="state", to_state="running", message="up")
     changes()
-    for name in EVENT_FIELDS:
-        if name == "id":
-            continue
-        field = JobEvent._meta.get_field(name)
-        JobEvent.objects.filter(pk=event.pk).update(
-            **{name: other_value(field, getattr(event, name))}
-        )
-        changes()
+    change_each(event, EVENT_FIELDS)
     checkpoint = CheckpointFactory(job=job, step=100)
     changes()
-    for name in CHECKPOINT_FIELDS:
-        if name == "id":
-            continue
-        field = Checkpoint._meta.get_field(name)
-        Checkpoint.objects.filter(pk=checkpoint.pk).update(
-            **{name: other_value(field, getattr(checkpoint, name))}
-        )
-        changes()
+    change_each(checkpoint, CHECKPOINT_FIELDS)
     # The manifest shows as its strategy only.
     Checkpoint.objects.filter(pk=checkpoint.pk).update(manifest={"strategy": "fsdp"})
     changes()
