@@ -22,13 +22,11 @@ from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
-from django.core.exceptions import ValidationError
 from django.db import connections
 from django.db.models.expressions import RawSQL
-from django.http import Http404
 
 from jobs.models import Checkpoint, Job, JobEvent
-from jobs.selectors import job_list_for_user
+from jobs.selectors import job_list_for_user, job_one
 
 # What the header shows of each timeline entry and checkpoint (``jobs.views._job_state``
 # reads the same columns). A checkpoint's manifest is shown only as its strategy.
@@ -71,26 +69,20 @@ def job_version(*, user: Any, job_id: UUID | str, page: bool = False) -> JobVers
     jobs = job_list_for_user(user=user)
     if connections[jobs.db].vendor != "postgresql":
         return None
-    try:
-        row = (
-            jobs.filter(id=job_id)
-            # Identifiers from the models' metadata only, no values (see _digest_sql).
-            .annotate(gantry_version=RawSQL(_digest_sql(jobs.db, page=page), ()))  # noqa: S611
-            .values_list(
-                "gantry_version",
-                "state",
-                "owner_id",
-                "allocated_nodes",
-                "nodelist_requested",
-                "switches_requested",
-                "id",
-            )
-            .first()
-        )
-    except (ValueError, TypeError, ValidationError):
-        raise Http404("No such job.") from None
-    if row is None:
-        raise Http404("No such job.")
+    row = job_one(
+        jobs
+        # Identifiers from the models' metadata only, no values (see _digest_sql).
+        .annotate(gantry_version=RawSQL(_digest_sql(jobs.db, page=page), ())).values_list(  # noqa: S611
+            "gantry_version",
+            "state",
+            "owner_id",
+            "allocated_nodes",
+            "nodelist_requested",
+            "switches_requested",
+            "id",
+        ),
+        job_id,
+    )
     return JobVersion(*row)
 
 

@@ -116,6 +116,13 @@ def job_get_for_user(*, user: Any, job_id: UUID | str, only: Sequence[str] = ())
     jobs = job_list_for_user(user=user)
     if only:
         jobs = jobs.select_related(None).only(*only)
+    return job_one(jobs, job_id)
+
+
+def job_one(jobs: QuerySet[Job, Any], job_id: UUID | str) -> Any:
+    """Job ``job_id`` of ``jobs`` (a queryset built on ``job_list_for_user``, possibly
+    reshaped: ``values_list``, annotations); Http404 when it is not there or the id is not
+    an id, as ``job_get_for_user`` answers."""
     try:
         return jobs.get(id=job_id)
     except (Job.DoesNotExist, ValueError, TypeError, ValidationError):

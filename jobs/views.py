@@ -22,7 +22,7 @@ from jobs.goodput import format_duration
 from jobs.models import Checkpoint, Job
 from jobs.page_versions import CHECKPOINT_FIELDS, EVENT_FIELDS, JobVersion, job_version
 from jobs.pending_queue import job_pending_summary
-from jobs.placement import job_placement, job_placement_known
+from jobs.placement import JobPlacement, job_placement, job_placement_known
 from jobs.script import job_script
 from jobs.selectors import job_get_for_user, job_goodput, job_list
 from jobs.services import job_cancel, job_resume
@@ -113,32 +113,41 @@ def _job_state(context: dict[str, Any]) -> tuple[Any, ...]:
     )
 
 
-def _job_live_etag(request: HttpRequest, context: dict[str, Any]) -> str:
-    """The ETag of the polled header: everything it shows (the job's row, its timeline and
-    checkpoints, the pending summary, the viewer's rights), the session's CSRF secret (its
-    forms carry tokens) and the minute (it says "proven 3 minutes ago")."""
-    check = context["placement_check"]
+def _header_etag(
+    request: HttpRequest, rows: object, placement: JobPlacement, owner_id: int, *parts: object
+) -> str:
+    """The ETag of the polled header: ``rows`` (what it shows of the job, its timeline and
+    checkpoints, or their digest), the placement verdict, the viewer's rights, the session's
+    CSRF secret (its forms carry tokens), the minute (it says "proven 3 minutes ago") and
+    ``parts``."""
+    check = placement.check
     return etag_for(
-        _job_state(context),
-        context["pending"],
+        rows,
         check.summary if check else None,
         check.flagged if check else None,
-        context["switches"],
-        context["can_act"],
-        context["can_submit"],
+        placement.switches,
+        can_act(request.user, owner_id=owner_id),
+        is_researcher(request.user),
         request.META.get("CSRF_COOKIE"),
         this_minute(),
+        *parts,
     )
+
+
+def _job_live_etag(request: HttpRequest, context: dict[str, Any]) -> str:
+    """The header's ETag from what it was rendered from (the pending summary included)."""
+    placement = JobPlacement(check=context["placement_check"], switches=context["switches"])
+    rows = (_job_state(context), context["pending"])
+    return _header_etag(request, rows, placement, context["job"].owner_id)
 
 
 def _job_version_etag(
     request: HttpRequest, version: JobVersion | None, *parts: object
 ) -> str | None:
-    """The ETag of a job's header from its version (``jobs.page_versions``: a digest the
-    database computes of the rows it shows) and what the version leaves out: the
-    placement verdict, the viewer's rights, the session's CSRF secret (the header's forms)
-    and the minute. None where the version does not tell: no version (SQLite), a pending
-    job (its place in the queue depends on other jobs), a placement not worked out yet."""
+    """The header's ETag from its version (``jobs.page_versions``: a digest the database
+    computes of the rows it shows), without reading them. None where the version does not
+    tell: no version (SQLite), a pending job (its place in the queue depends on other jobs),
+    a placement not worked out yet."""
     if version is None or version.state == Job.State.PENDING:
         return None
     placement = job_placement_known(
@@ -149,19 +158,7 @@ def _job_version_etag(
     )
     if placement is None:
         return None
-    check = placement.check
-    return etag_for(
-        "version",
-        version.digest,
-        check.summary if check else None,
-        check.flagged if check else None,
-        placement.switches,
-        can_act(request.user, owner_id=version.owner_id),
-        is_researcher(request.user),
-        request.META.get("CSRF_COOKIE"),
-        this_minute(),
-        *parts,
-    )
+    return _header_etag(request, ("version", version.digest), placement, version.owner_id, *parts)
 
 
 # The job page's goodput ledger and work at risk are reused while the job, its timeline,
@@ -266,27 +263,28 @@ def job_detail_page(request: HttpRequest, job_id: uuid.UUID) -> HttpResponseBase
     # the figures and the script are current to the minute, which its ETag names.
     version = job_version(user=request.user, job_id=job_id, page=True)
     etag = _job_version_etag(request, version, "page", static_release())
-    if etag is not None:
+    unchanged = None if etag is None else not_modified(request, etag)
+    if unchanged is not None:
+        return unchanged
+    job = job_get_for_user(user=request.user, job_id=job_id)
+    context = _job_page_context(request, job)
+    if etag is None:
+        # The header's ETag and what only the whole page shows (figures, resumed jobs,
+        # script).
+        etag = etag_for(
+            _job_live_etag(request, context),
+            job.owner.get_username(),
+            [
+                [getattr(child, f.attname) for f in Job._meta.concrete_fields]
+                for child in context["children"]
+            ],
+            context["figures_at"],
+            context["script"],
+            static_release(),
+        )
         unchanged = not_modified(request, etag)
         if unchanged is not None:
             return unchanged
-    job = job_get_for_user(user=request.user, job_id=job_id)
-    context = _job_page_context(request, job)
-    # The header's ETag and what only the whole page shows (figures, resumed jobs, script).
-    etag = etag or etag_for(
-        _job_live_etag(request, context),
-        job.owner.get_username(),
-        [
-            [getattr(child, f.attname) for f in Job._meta.concrete_fields]
-            for child in context["children"]
-        ],
-        context["figures_at"],
-        context["script"],
-        static_release(),
-    )
-    unchanged = not_modified(request, etag)
-    if unchanged is not None:
-        return unchanged
     return revalidate(render(request, "jobs/job_detail.html", context), etag)
 
 
@@ -296,16 +294,16 @@ def job_status_partial(request: HttpRequest, job_id: uuid.UUID) -> HttpResponseB
     when it changed since the poller's copy (304 otherwise, see ``core.conditional``),
     which one narrow query tells where the database digests the header's rows."""
     etag = _job_version_etag(request, job_version(user=request.user, job_id=job_id))
-    if etag is not None:
+    unchanged = None if etag is None else not_modified(request, etag)
+    if unchanged is not None:
+        return unchanged
+    job = job_get_for_user(user=request.user, job_id=job_id)
+    context = _job_live_context(request, job)
+    if etag is None:
+        etag = _job_live_etag(request, context)
         unchanged = not_modified(request, etag)
         if unchanged is not None:
             return unchanged
-    job = job_get_for_user(user=request.user, job_id=job_id)
-    context = _job_live_context(request, job)
-    etag = etag or _job_live_etag(request, context)
-    unchanged = not_modified(request, etag)
-    if unchanged is not None:
-        return unchanged
     return revalidate(render(request, "jobs/_job_status.html", context), etag)
 
 

@@ -61,3 +61,32 @@ def test_page_and_api_answer_alike(researcher: Any, jobs: dict[str, Any]) -> Non
     assert refused.json()["extra"]["fields"] == {"state": ["unknown job state 'sleepy'"]}
     html = page.get("/jobs/?state=sleepy").content.decode()
     assert "unknown job state" in html and 'data-testid="filter-error"' in html
+
+
+def test_the_api_page_kept_rendered_is_what_drf_would_render(
+    researcher: Any, researcher_api: APIClient
+) -> None:
+    import json
+
+    from rest_framework.renderers import JSONRenderer
+
+    from jobs.api import JobSerializer
+    from jobs.models import Job
+
+    for step in range(3):
+        JobFactory(owner=researcher, name=f"kept-{step}")
+    path = "/api/v1/jobs/?page_size=2"
+    first = researcher_api.get(path)
+    # The second answer comes from the rendered page in the cache.
+    again = researcher_api.get(path)
+    assert first.status_code == again.status_code == 200
+    assert first["Content-Type"] == "application/json"
+    assert again.content == first.content
+    page = json.loads(again.content)
+    assert list(page) == ["next", "previous", "results"]
+    assert page["previous"] is None and "cursor=" in page["next"]
+    jobs = Job.objects.filter(owner=researcher).order_by("-created_at")[:2]
+    assert page["results"] == json.loads(JSONRenderer().render(JobSerializer(jobs, many=True).data))
+    # The browsable API renders the same page itself.
+    browsable = researcher_api.get(path + "&format=api")
+    assert browsable.status_code == 200 and "kept-2" in browsable.content.decode()
