@@ -70,11 +70,13 @@ INSTALLED_APPS = [
     "core",
     "controlplane",
     "nodes",
+    "runs",
     "jobs",
     "drills",
     "watcher",
     "studies",
     "notifications",
+    "console",
 ]
 
 MIDDLEWARE = [
@@ -280,7 +282,7 @@ CACHES = {
     },
     "ratelimit": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL},
     # Watcher and SSH timings, written by the Celery workers and read by /metrics in the
-    # web process (see controlplane.pages.metrics). Short timeouts: Redis being down must not
+    # web process (see console.exporter). Short timeouts: Redis being down must not
     # stall a watcher cycle or a scrape.
     "worker_stats": {
         "BACKEND": "django.core.cache.backends.redis.RedisCache",

@@ -1,5 +1,5 @@
 """The root URLconf: the composition root. Each app owns its pages (``<app>/urls.py``) and
-its API (``<app>/api_urls.py``); the pages that combine apps are in ``controlplane.pages``.
+its API (``<app>/api_urls.py``); the pages that combine apps are in ``console.pages``.
 """
 
 from __future__ import annotations
@@ -9,8 +9,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import URLPattern, URLResolver, include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from controlplane import pages
-from controlplane.pages import metrics
+from console import exporter, pages
 from core.ratelimit import RateLimitedLoginView
 
 api_v1: list[URLPattern | URLResolver] = [
@@ -39,7 +38,7 @@ urlpatterns = [
     path("api/v1/", include((api_v1, "api"), namespace="api")),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
-    path("metrics", metrics.metrics_view, name="metrics"),
+    path("metrics", exporter.metrics_view, name="metrics"),
 ]
 
 handler400 = "core.errors.handler400"

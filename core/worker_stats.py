@@ -3,7 +3,7 @@
 The watcher runs in Celery worker processes; ``/metrics`` is served by a web process.
 Process-local Prometheus metrics would show each process only its own share, so the
 workers add their numbers to plain counters in the ``worker_stats`` cache (Redis in
-production, shared by every process) and the collector in ``controlplane.pages.metrics``
+production, shared by every process) and the collector in ``console.exporter``
 reads them at scrape time with one ``get_many``. Counters only grow (Prometheus's
 ``rate()`` copes with the reset when Redis restarts); the last cycle's duration is a
 plain value.

@@ -1,4 +1,4 @@
-"""What is particular to restore drills in the Slurm lifecycle (``jobs.lifecycle``): the drill
+"""What is particular to restore drills in the Slurm lifecycle (``runs.lifecycle``): the drill
 script, and what refusal, loss and the end of the drill's Slurm job mean (read
 ``drill.json`` and store the verdict). ``error`` means the drill could not run; it is
 never a verdict on the checkpoint."""
@@ -18,14 +18,14 @@ from controlplane.tasknames import DRILL_SUBMIT
 from drills.models import RestoreDrill
 from drills.reference import drill_reference, recorded_trainer_digest
 from drills.verdicts import Verdict, report_timings, verdict_of_code, verdict_of_report
-from jobs.lifecycle import Phase, SlurmLifecycle, WontSubmit, slurm_phase
 from jobs.models import Checkpoint
-from jobs.runtime import ScriptSpec, drill_dir, render_sbatch
-from jobs.trainers import TrainerUnavailable, trainer_version_ensure
 from nodes.cluster_access import transport_for
 from nodes.slurm import errors as slurm_errors
 from nodes.slurm.parsers import SlurmJob
 from nodes.slurm.transport import SshTransport
+from runs.lifecycle import Phase, SlurmLifecycle, WontSubmit, slurm_phase
+from runs.runtime import ScriptSpec, drill_dir, render_sbatch
+from runs.trainers import TrainerUnavailable, trainer_version_ensure
 from trainer.schema import Reason, json_digest
 
 REFERENCE_NAME = "reference.json"

@@ -13,8 +13,9 @@ from django.core.validators import MinValueValidator
 from django.db import models
 from django.db.models import Q
 
-from jobs.models import Checkpoint, SlurmTracked
+from jobs.models import Checkpoint
 from nodes.models import Cluster
+from runs.models import SlurmTracked
 
 
 class RestoreDrill(SlurmTracked):

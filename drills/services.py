@@ -1,7 +1,7 @@
 """Writes for restore drills: start, the submit task's work, cancel; integrity checks.
 
 A drill is a Slurm job running ``python -m trainer drill`` against the original run; it
-goes through the same lifecycle as jobs (``jobs.lifecycle``), with the drill-specific
+goes through the same lifecycle as jobs (``runs.lifecycle``), with the drill-specific
 part in ``drills.lifecycle``. Scheduled drills are in ``drills.policies``.
 """
 
@@ -24,9 +24,9 @@ from drills.lifecycle import DRILLS
 from drills.models import RestoreDrill
 from drills.reference import has_fingerprint, losses_logged, next_checkpoint_step
 from jobs.models import Checkpoint, Job, StateFingerprint
-from jobs.runtime import trainer_ensure_uploaded
 from jobs.validation import JobRequest, job_request_validate
 from nodes.cluster_access import transport_as, transport_for
+from runs.runtime import trainer_ensure_uploaded
 
 ALLOCATION_KEYS = (
     "partition",

@@ -16,7 +16,7 @@ from typing import Any
 from django.db import connection, transaction
 from django.db.models import Count, Max, Sum
 
-from jobs.job_lifecycle import job_event
+from jobs.lifecycle import job_event
 from jobs.models import Checkpoint, Job, MetricPoint, StateFingerprint
 from trainer.schema import FINGERPRINT_FORMAT, METRIC_KEYS, Event
 

@@ -1,13 +1,12 @@
 """Training jobs and what they produce: metrics and checkpoints.
 
-``SlurmTracked`` holds the fields of anything Gantry runs as one Slurm job (jobs here,
-restore drills in the drills app); ``jobs.lifecycle`` moves them, once for both.
+A job is one kind of ``runs.models.SlurmTracked`` (restore drills are the other);
+``runs.lifecycle`` moves both.
 """
 
 from __future__ import annotations
 
 import uuid
-from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.core.validators import MaxValueValidator, MinValueValidator
@@ -15,42 +14,7 @@ from django.db import models
 from django.db.models import Q
 
 from nodes.models import Cluster
-
-
-class SlurmTracked(models.Model):
-    """What Gantry tracks of an object it runs as one Slurm job (jobs, restore drills).
-
-    Each concrete model adds its own ``state`` field; ``jobs.lifecycle`` reads and moves
-    these fields with conditional updates, the same way for every kind.
-    """
-
-    slurm_job_id = models.CharField(max_length=32, blank=True, db_index=True)
-    exit_code = models.IntegerField(null=True, blank=True)
-    submit_attempts = models.PositiveSmallIntegerField(default=0)
-    # While a submit task holds the object, no other may start submitting it.
-    submit_lease_until = models.DateTimeField(null=True, blank=True)
-    # When the last sbatch for it was sent. Set before the command goes out: if the worker
-    # dies or the answer is lost, the outcome is unknown and no second sbatch may follow
-    # until a Slurm job with the tag is found (adopted) or proven absent.
-    sbatch_sent_at = models.DateTimeField(null=True, blank=True)
-    last_seen_in_slurm_at = models.DateTimeField(null=True, blank=True)
-    created_at = models.DateTimeField(auto_now_add=True)
-    submitted_at = models.DateTimeField(null=True, blank=True)
-    started_at = models.DateTimeField(null=True, blank=True)
-    updated_at = models.DateTimeField(auto_now=True)
-
-    if TYPE_CHECKING:
-        # Each concrete model declares these itself (its own id type, state choices and
-        # relation names); the lifecycle relies on them.
-        id: Any
-        state: str
-        cluster: Any
-        cluster_id: int
-        FINAL_STATES: frozenset[str]
-        SLURM_ACTIVE_STATES: frozenset[str]
-
-    class Meta:
-        abstract = True
+from runs.models import SlurmTracked
 
 
 class Job(SlurmTracked):
@@ -146,7 +110,7 @@ class Job(SlurmTracked):
     # so the goodput ledger reads one row instead of summing every point on each page view.
     # They hold while ``points_totals_offset`` equals ``metrics_offset`` (ingest moves both
     # in one update); points stored any other way (a bulk load, the admin) leave them stale
-    # and the readers sum in the database instead (``jobs.goodput_selectors``). Database
+    # and the readers sum in the database instead (``jobs.goodput.selectors``). Database
     # defaults too: code from before these columns can still insert jobs.
     points_count = models.PositiveIntegerField(default=0, db_default=0)
     points_last_step = models.PositiveIntegerField(null=True, blank=True)

@@ -1,6 +1,6 @@
 """A job's whole output, streamed from the cluster over SFTP, with HTTP range requests:
 the Slurm output file (``slurm-<id>.out``) and each rank's own (``rank-<id>-<rank>.out``,
-written by the batch script, ``jobs.runtime``).
+written by the batch script, ``runs.runtime``).
 
 Paths are built from Gantry's own values only: the run directory (the cluster's work
 directory, the job's UUID and its validated account), the Slurm job id (digits, checked
@@ -19,11 +19,11 @@ from django.http import HttpResponse, JsonResponse, StreamingHttpResponse
 from django.http.response import HttpResponseBase
 
 from core.errors import ApplicationError
-from jobs.job_lifecycle import JOBS
-from jobs.lifecycle import slurm_error_as_application_error
+from jobs.lifecycle import JOBS
 from jobs.models import Job
 from nodes.slurm import commands as slurm_commands
 from nodes.slurm import errors as slurm_errors
+from runs.lifecycle import slurm_error_as_application_error
 
 # Bytes per SFTP read while streaming: the web process never holds more than this.
 CHUNK_BYTES = 256 * 1024

@@ -2,10 +2,10 @@
 computes: a poll whose copy is current is answered ``304`` after one narrow query, without
 reading the job, its timeline and its checkpoints into Python and rendering them.
 
-The header (``jobs.views._job_live_context``) shows the job's row, its cluster's name, its
+The header (``jobs.views.pages._job_live_context``) shows the job's row, its cluster's name, its
 timeline and its checkpoints; the page adds the owner's name and the jobs resumed from it.
 ``job_version`` reads, for a job the user may see (``job_list_for_user``: the one access
-rule), an md5 of exactly those rows and columns (the same ones ``jobs.views._job_state``
+rule), an md5 of exactly those rows and columns (the same ones ``jobs.views.pages._job_state``
 hashes in Python), plus the few fields the caller needs to judge the rest. The ETag built
 from it changes whenever the rendered part could (``tests/jobs/test_page_versions.py``
 changes each column and checks).
@@ -28,7 +28,7 @@ from django.db.models.expressions import RawSQL
 from jobs.models import Checkpoint, Job, JobEvent
 from jobs.selectors import job_list_for_user, job_one
 
-# What the header shows of each timeline entry and checkpoint (``jobs.views._job_state``
+# What the header shows of each timeline entry and checkpoint (``jobs.views.pages._job_state``
 # reads the same columns). A checkpoint's manifest is shown only as its strategy.
 EVENT_FIELDS = ("id", "at", "kind", "to_state", "message")
 CHECKPOINT_FIELDS = (

@@ -16,8 +16,7 @@ from django.db import transaction
 from core.access import require_can_act
 from core.audit import AuditAction, audit_event_record
 from core.errors import ConflictError
-from jobs.job_lifecycle import JOBS, job_event
-from jobs.lifecycle import slurm_error_as_application_error
+from jobs.lifecycle import JOBS, job_event
 from jobs.models import Job, JobEvent
 from jobs.pending import pending_reason, pending_reason_parts
 from jobs.selectors import job_queue_position
@@ -27,6 +26,7 @@ from nodes.slurm import errors as slurm_errors
 from nodes.slurm.client import SlurmClient
 from nodes.slurm.errors import describe_cluster_error
 from nodes.slurm.parsers import queue_places
+from runs.lifecycle import slurm_error_as_application_error
 
 # Slurm's reason codes of a held job (lower case).
 HELD_CODES = frozenset({"jobhelduser", "jobheldadmin", "held"})

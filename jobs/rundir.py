@@ -17,10 +17,10 @@ from django.utils import timezone
 
 from jobs.ingest import checkpoint_register, metrics_ingest
 from jobs.models import Checkpoint, Job
-from jobs.runtime import run_dir
 from nodes.cluster_access import transport_as
 from nodes.models import Cluster
 from nodes.slurm import errors as slurm_errors
+from runs.runtime import run_dir
 
 logger = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""The sbatch script of a job, built from its row (``jobs.runtime`` renders it).
+"""The sbatch script of a job, built from its row (``runs.runtime`` renders it).
 
 The preview, the job page and the submit task all call ``job_script_spec``, so the script
 a person reads is byte for byte the one that runs.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import trainer
 from jobs.models import Job
-from jobs.runtime import ScriptSpec, render_sbatch, run_dir, trainer_dir
+from runs.runtime import ScriptSpec, render_sbatch, run_dir, trainer_dir
 
 
 def job_script_spec(job: Job, *, trainer_path: str, resume_path: str | None) -> ScriptSpec:

@@ -1,6 +1,6 @@
 """Reads for jobs: who may see which job, the job list, metric series, checkpoints, the
 jobs on a node, a pending job's place in the queue. Goodput reads are in
-``jobs.goodput_selectors`` (``job_goodput`` is re-exported here)."""
+``jobs.goodput.selectors`` (``job_goodput`` is re-exported here)."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ from django.utils import timezone
 
 from core.errors import FieldError
 from core.roles import is_operator
-from jobs.goodput_selectors import job_goodput as job_goodput
+from jobs.goodput.selectors import job_goodput as job_goodput
 from jobs.metric_series import downsampled_series
 from jobs.models import Checkpoint, Job, MetricPoint
 from nodes.models import Node

@@ -1,7 +1,7 @@
 """Writes for jobs: submit (and preview), the submit task's work, cancel, resume, logs.
 
-Validation lives in ``jobs.validation``, the Slurm lifecycle in ``jobs.lifecycle`` (with
-the job-specific part in ``jobs.job_lifecycle``), the watcher's reading of run
+Validation lives in ``jobs.validation``, the Slurm lifecycle in ``runs.lifecycle`` (with
+the job-specific part in ``jobs.lifecycle``), the watcher's reading of run
 directories in ``jobs.rundir`` and ``jobs.ingest``.
 """
 
@@ -17,15 +17,15 @@ from core.access import require_can_act
 from core.audit import AuditAction, audit_event_record
 from core.errors import FieldError
 from core.roles import is_operator, is_researcher
-from jobs.job_lifecycle import JOBS, job_event
-from jobs.lifecycle import slurm_error_as_application_error
+from jobs.lifecycle import JOBS, job_event
 from jobs.models import Checkpoint, Job
-from jobs.runtime import run_dir
 from jobs.script import job_script
 from jobs.validation import JobRequest, job_request_validate, validate_environment
 from nodes.cluster_access import transport_as
 from nodes.identities import cluster_account_for
 from nodes.slurm import errors as slurm_errors
+from runs.lifecycle import slurm_error_as_application_error
+from runs.runtime import run_dir
 
 
 def _job_from_request(

@@ -1,4 +1,4 @@
-"""Pages of the inventory (the node and topology pages are in ``controlplane.pages``)."""
+"""Pages of the inventory (the node and topology pages are in ``console.pages``)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Pages for the inventory: the node list and operator actions on nodes and clusters.
 
 The node page and the topology page show jobs too, so they live with the pages that
-combine apps (``controlplane.pages``).
+combine apps (``console.pages``).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@
   (one per drill);
 - a node entering a drained or a down state: its ``NodeEvent`` (one per event row; a node
   going from draining to drained is not a second drain);
-- a running job over its cluster's proven-age limit (``jobs.work_at_risk``): one per job and
+- a running job over its cluster's proven-age limit (``jobs.goodput.work_at_risk``): one per job and
   newest proven checkpoint, so a job that gets a new proof and ages past the limit again is
   a new breach.
 
@@ -26,9 +26,9 @@ from django.db.models import F, Max
 from django.urls import reverse
 
 from drills.models import RestoreDrill
-from jobs.goodput import format_duration
+from jobs.goodput.ledger import format_duration
+from jobs.goodput.work_at_risk import proven_age_breaches
 from jobs.models import Job, JobEvent
-from jobs.work_at_risk import proven_age_breaches
 from nodes.models import Node, NodeEvent
 from notifications.topics import EventKind
 

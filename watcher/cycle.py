@@ -30,15 +30,7 @@ from django.utils import timezone
 
 from core.worker_stats import WatcherCycleStats, watcher_cycle_record
 from drills.lifecycle import DRILLS
-from jobs.job_lifecycle import JOBS
-from jobs.lifecycle import (
-    ACCOUNTING_DOWN,
-    ACCOUNTING_NONE,
-    ACCOUNTING_OK,
-    SlurmLifecycle,
-    evidence_as_owners,
-    slurm_views,
-)
+from jobs.lifecycle import JOBS
 from jobs.models import Job
 from jobs.pending_queue import pending_estimates_refresh
 from jobs.rundir import jobs_to_read, run_files_read
@@ -49,6 +41,14 @@ from nodes.slurm import errors as slurm_errors
 from nodes.slurm.client import SlurmClient
 from nodes.slurm.errors import describe_cluster_error
 from nodes.slurm.transport import pool_counters
+from runs.lifecycle import (
+    ACCOUNTING_DOWN,
+    ACCOUNTING_NONE,
+    ACCOUNTING_OK,
+    SlurmLifecycle,
+    evidence_as_owners,
+    slurm_views,
+)
 
 logger = logging.getLogger(__name__)
 

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from django import template
 
-from jobs.goodput import format_duration
+from jobs.goodput.ledger import format_duration
 
 register = template.Library()
 
 
 @register.filter
 def duration(seconds: float | None) -> str:
-    """``{{ 5400|duration }}`` → ``1.5 h`` (see ``jobs.goodput.format_duration``)."""
+    """``{{ 5400|duration }}`` → ``1.5 h`` (see ``jobs.goodput.ledger.format_duration``)."""
     return format_duration(seconds)
 
 

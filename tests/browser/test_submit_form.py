@@ -268,7 +268,7 @@ def test_the_log_tail_follows_a_running_job(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     import jobs.services
-    from jobs.job_lifecycle import JOBS
+    from jobs.lifecycle import JOBS
 
     job = JobFactory(
         owner=researcher,

@@ -18,7 +18,7 @@ from drills.models import RestoreDrill
 from drills.selectors import drill_fleet_health
 from factories import CheckpointFactory, ClusterFactory, GpuFactory, JobFactory, NodeFactory
 from jobs.ingest import metrics_ingest
-from jobs.job_lifecycle import job_event
+from jobs.lifecycle import job_event
 from jobs.models import Job
 from nodes.models import Node, NodeEvent
 

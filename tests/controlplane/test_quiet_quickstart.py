@@ -122,7 +122,7 @@ def _record(name: str, level: int, message: str = "m") -> logging.LogRecord:
         ("nodes.slurm.transport", logging.INFO, False),
         ("celery.app.trace", logging.ERROR, True),
         ("django.server", logging.WARNING, True),
-        ("jobs.lifecycle.kind", logging.INFO, True),
+        ("runs.lifecycle.kind", logging.INFO, True),
         ("watcher.cycle", logging.WARNING, True),
         ("celery.apps.worker", logging.INFO, True),
     ],
@@ -133,12 +133,12 @@ def test_the_quiet_filter(name: str, level: int, shown: bool) -> None:
 
 def test_a_state_change_is_one_log_line(caplog: pytest.LogCaptureFixture, db: object) -> None:
     from factories import JobFactory
-    from jobs.job_lifecycle import JOBS
+    from jobs.lifecycle import JOBS
     from jobs.models import Job
 
     job = JobFactory(state=Job.State.PENDING)
-    caplog.set_level(logging.INFO, logger="jobs.lifecycle.kind")
+    caplog.set_level(logging.INFO, logger="runs.lifecycle.kind")
     assert JOBS.transition(job, Job.State.RUNNING, message="on n1")
-    lines = [r.getMessage() for r in caplog.records if r.name == "jobs.lifecycle.kind"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "runs.lifecycle.kind"]
     assert lines == [f"job {job.id}: pending -> running (on n1)"]
     assert QuietPeriodic().filter(caplog.records[-1])

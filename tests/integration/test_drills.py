@@ -157,8 +157,8 @@ def test_drills_pass_and_every_corruption_fails_with_its_reason(
 
 def _trainer_variant(marker: str) -> tuple[str, list[tuple[str, bytes]]]:
     """Another trainer version: today's files plus one module, under its own digest."""
-    from jobs.runtime import trainer_files
-    from jobs.trainers import _digest_of
+    from runs.runtime import trainer_files
+    from runs.trainers import _digest_of
 
     files = [*trainer_files(), ("_variant.py", f"# {marker}\n".encode())]
     return _digest_of(files), files
@@ -175,7 +175,7 @@ def test_drill_runs_the_recorded_trainer_version_and_a_compatibility_drill_the_c
     import zipfile
 
     import trainer
-    from jobs.trainers import archive_path
+    from runs.trainers import archive_path
 
     worker = celery_stack["worker"]
     job = wait_finished(run_job(researcher_api, steps=10, every=5, name="versions"), worker)

@@ -12,9 +12,9 @@ from django.test import Client
 from django.utils import timezone
 
 from factories import ClusterFactory, GpuFactory, JobFactory, NodeFactory, PartitionFactory
-from jobs.compose import gpu_type_label, partition_label, submit_inventory
+from jobs.compose.inventory import gpu_type_label, partition_label, submit_inventory
+from jobs.compose.presets import model_parameters, preset_descriptions
 from jobs.models import Job, MetricPoint
-from jobs.presets import model_parameters, preset_descriptions
 from nodes.models import Node
 from trainer.config import PRESETS
 from trainer.config import validate as trainer_config_validate

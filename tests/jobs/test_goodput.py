@@ -1,4 +1,4 @@
-"""Goodput: the ledger of a job and its lineage (``jobs.goodput``, ``job_goodput``) and
+"""Goodput: the ledger of a job and its lineage (``jobs.goodput.ledger``, ``job_goodput``) and
 Young/Daly checkpoint-interval advice, as pure functions, through the API and on the page."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from factories import CheckpointFactory, ClusterFactory, JobFactory
-from jobs import goodput
-from jobs.goodput import (
+from jobs.goodput import ledger as goodput
+from jobs.goodput.ledger import (
     BUCKETS,
     FailureHistory,
     JobTimes,
@@ -349,7 +349,7 @@ def test_api_detail_has_the_lineage_ledger(
     researcher_api: Any, lineage: dict[str, Any], monkeypatch: Any
 ) -> None:
     a, b = lineage["a"], lineage["b"]
-    monkeypatch.setattr("jobs.goodput_selectors.timezone.now", lambda: lineage["now"])
+    monkeypatch.setattr("jobs.goodput.selectors.timezone.now", lambda: lineage["now"])
     body = researcher_api.get(f"/api/v1/jobs/{b.id}/").json()
     ledger = body["goodput"]
     assert ledger["lineage"] == [str(a.id), str(b.id)]
@@ -507,11 +507,11 @@ def test_idle_before_a_resumed_job() -> None:
 def test_cluster_weeks_match_the_jobs_own_ledgers(
     researcher: Any, lineage: dict[str, Any], monkeypatch: Any
 ) -> None:
-    from jobs.fleet_goodput import goodput_by_cluster_week
-    from jobs.goodput_selectors import job_goodput
+    from jobs.goodput.fleet import goodput_by_cluster_week
+    from jobs.goodput.selectors import job_goodput
 
     now = lineage["now"]
-    monkeypatch.setattr("jobs.goodput_selectors.timezone.now", lambda: now)
+    monkeypatch.setattr("jobs.goodput.selectors.timezone.now", lambda: now)
     other = ClusterFactory(name="zeta")
     # A week earlier on another cluster: a plain job, all productive but its queue.
     early = JobFactory(
@@ -545,7 +545,7 @@ def test_cluster_weeks_match_the_jobs_own_ledgers(
 
 @pytest.mark.django_db
 def test_cluster_weeks_in_a_fixed_number_of_queries(researcher: Any) -> None:
-    from jobs.fleet_goodput import goodput_by_cluster_week
+    from jobs.goodput.fleet import goodput_by_cluster_week
 
     now = at(3600)
     clusters = [ClusterFactory(), ClusterFactory()]

@@ -70,7 +70,7 @@ def test_the_api_page_kept_rendered_is_what_drf_would_render(
 
     from rest_framework.renderers import JSONRenderer
 
-    from jobs.api import JobSerializer
+    from jobs.api.jobs import JobSerializer
     from jobs.models import Job
 
     for step in range(3):

@@ -15,11 +15,11 @@ from rest_framework.test import APIClient
 
 from factories import JobFactory
 from jobs import output
-from jobs.job_lifecycle import JOBS
+from jobs.lifecycle import JOBS
 from jobs.models import Job
 from jobs.output import RangeNotSatisfiable, byte_range
-from jobs.runtime import ScriptSpec, render_sbatch
 from nodes.slurm.errors import RemoteFileNotFound
+from runs.runtime import ScriptSpec, render_sbatch
 
 pytestmark = pytest.mark.django_db
 

@@ -12,7 +12,7 @@ from rest_framework.test import APIClient
 from core.audit import AuditAction
 from core.models import AuditEvent
 from factories import ClusterFactory, GpuFactory, JobFactory, NodeFactory, PartitionFactory
-from jobs.job_settings import compact_config, job_settings
+from jobs.compose.settings import compact_config, job_settings
 from jobs.models import Job, JobEvent, JobTemplate
 
 pytestmark = pytest.mark.django_db

@@ -16,7 +16,7 @@ from rest_framework.test import APIClient
 from core.audit import AuditAction
 from core.models import AuditEvent
 from factories import ClusterFactory, JobFactory
-from jobs.job_lifecycle import JOBS
+from jobs.lifecycle import JOBS
 from jobs.models import Job, JobEvent
 from jobs.pending_queue import job_pending_summary, pending_estimates_refresh
 from nodes.slurm import errors as slurm_errors

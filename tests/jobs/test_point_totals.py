@@ -14,7 +14,7 @@ from django.db.models import Count, Max, Sum
 from django.test.utils import CaptureQueriesContext
 
 from factories import JobFactory
-from jobs.goodput_selectors import job_goodput
+from jobs.goodput.selectors import job_goodput
 from jobs.ingest import metrics_ingest, point_totals_refresh
 from jobs.models import Job, MetricPoint
 

@@ -171,7 +171,7 @@ def test_environment_names_are_checked_whole(
 
 
 def test_the_script_refuses_an_environment_name_the_services_would_refuse() -> None:
-    from jobs.runtime import ScriptSpec, render_sbatch
+    from runs.runtime import ScriptSpec, render_sbatch
 
     spec = ScriptSpec(
         job_id="x",

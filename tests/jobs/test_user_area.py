@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from jobs.runtime import UserAreaError, run_dir, user_area, user_area_ensure
 from nodes.slurm.errors import SftpError, SshTransientError
 from nodes.slurm.sftp import StatResult
+from runs.runtime import UserAreaError, run_dir, user_area, user_area_ensure
 
 
 @dataclass

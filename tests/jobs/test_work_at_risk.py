@@ -16,14 +16,14 @@ from django.utils import timezone
 from core.audit import AuditAction
 from core.models import AuditEvent
 from factories import CheckpointFactory, ClusterFactory, JobFactory
-from jobs.models import Checkpoint, Job
-from jobs.work_at_risk import (
+from jobs.goodput.work_at_risk import (
     job_work_at_risk,
     proven_age_breaches,
     since_checkpoint,
     work_at_risk,
     work_at_risk_by_cluster,
 )
+from jobs.models import Checkpoint, Job
 
 T0 = datetime(2026, 3, 2, 8, 0, tzinfo=UTC)
 
@@ -171,7 +171,7 @@ def test_one_query_for_any_number_of_running_jobs(researcher: Any) -> None:
 def test_job_detail_api_has_work_at_risk_while_running(
     researcher_api: Any, running: dict[str, Any], monkeypatch: Any
 ) -> None:
-    monkeypatch.setattr("jobs.work_at_risk.timezone.now", lambda: at(100))
+    monkeypatch.setattr("jobs.goodput.work_at_risk.timezone.now", lambda: at(100))
     body = researcher_api.get(f"/api/v1/jobs/{running['job'].id}/").json()["work_at_risk"]
     assert body["gpus"] == 8 and body["breached"] is True
     assert body["since_proven"]["checkpoint_step"] == 100
@@ -187,7 +187,7 @@ def test_job_detail_api_has_work_at_risk_while_running(
 def test_job_page_shows_work_at_risk_and_the_breach(
     researcher: Any, running: dict[str, Any], monkeypatch: Any
 ) -> None:
-    monkeypatch.setattr("jobs.work_at_risk.timezone.now", lambda: at(100))
+    monkeypatch.setattr("jobs.goodput.work_at_risk.timezone.now", lambda: at(100))
     page = Client()
     page.force_login(researcher)
     html = page.get(f"/jobs/{running['job'].id}/").content.decode()

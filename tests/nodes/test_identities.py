@@ -97,7 +97,7 @@ def test_a_mapped_user_submits_and_the_job_runs_as_their_account(
     assert job.run_as == "alice"
     event = AuditEvent.objects.get(action=AuditAction.JOB_SUBMIT, target_id=str(job.id))
     assert event.details["run_as"] == "alice"
-    from jobs.job_lifecycle import JOBS
+    from jobs.lifecycle import JOBS
     from jobs.script import job_script
 
     directory = f"/srv/gantry/users/alice/runs/{job.id}"
@@ -136,7 +136,7 @@ def test_legacy_service_account_mode_is_an_explicit_audited_choice(
     response = api_for(ursula).post("/api/v1/jobs/submit/", body(), format="json")
     assert response.status_code == 202
     job = Job.objects.get(id=response.json()["id"])
-    from jobs.job_lifecycle import JOBS
+    from jobs.lifecycle import JOBS
 
     assert job.run_as == "" and JOBS.run_directory(job) == f"/srv/gantry/runs/{job.id}"
 
@@ -380,7 +380,7 @@ def test_a_drill_runs_as_the_checkpoints_account_and_is_audited_as_the_operator(
 def test_tag_matches_of_another_account_are_neither_adopted_nor_duplicates(
     cluster: Cluster, researcher: Any
 ) -> None:
-    from jobs.job_lifecycle import JOBS
+    from jobs.lifecycle import JOBS
     from nodes.slurm.parsers import SlurmJob
 
     job = JobFactory(owner=researcher, cluster=cluster, run_as="alice")

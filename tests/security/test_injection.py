@@ -384,7 +384,7 @@ def _submit_hostile_job(
         ).stdout.strip()
         assert queued in ("", slurm_commands.job_tag(job_id)), queued
         # The run directory is the job's account's alone: read it as that account.
-        from jobs.job_lifecycle import JOBS
+        from jobs.lifecycle import JOBS
 
         script = JOBS.transport_of(job).get_bytes(f"{JOBS.run_directory(job)}/job.sbatch").decode()
         name_lines = [line for line in script.splitlines() if hostile_name in line]

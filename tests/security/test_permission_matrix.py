@@ -111,7 +111,7 @@ EXPECTED: dict[str, tuple[str, bool, dict[str, Any] | None, dict[str, str]]] = {
     "api-schema": ("get", False, None, PUBLIC),
     "api-docs": ("get", False, None, PUBLIC),
     # Off unless GANTRY_METRICS_TOKEN or _ALLOW is set; the scraper's access is in
-    # tests/controlplane/test_metrics.py. No session or API token opens it.
+    # tests/console/test_exporter.py. No session or API token opens it.
     "metrics": ("get", False, None, {persona: DENY for persona in PUBLIC}),
     # API
     "api:me": ("get", False, None, {**ROLE_API, "outsider": OK}),

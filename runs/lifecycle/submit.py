@@ -1,0 +1,287 @@
+"""Submitting exactly once, cancelling, requeueing a submit task that went missing.
+
+Exactly once: the submit task claims the object (a conditional update with a lease),
+looks its tag up in squeue and sacct and adopts a Slurm job it finds; otherwise it writes
+the files, records *before* sending that an sbatch is going out, and sends it. When the
+answer does not come back (a timeout, a dropped link, a controller that timed out) the
+outcome is unknown: the object goes to ``submit_unknown`` and no second sbatch is sent
+until the watcher finds the tag (adopt) or proves it absent (``runs.lifecycle.watch``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F, Q
+from django.utils import timezone
+
+from core.errors import ApplicationError, ConflictError
+from core.faults import faultpoint
+from nodes.cluster_access import slurm_client_for
+from nodes.models import Cluster
+from nodes.services import cluster_reconcile_soon
+from nodes.slurm import commands as slurm_commands
+from nodes.slurm import errors as slurm_errors
+from nodes.slurm.client import SlurmClient
+from nodes.slurm.errors import describe_cluster_error
+from nodes.slurm.parsers import SlurmJob
+from runs.lifecycle.kind import SlurmKind, Tracked, WontSubmit
+from runs.lifecycle.phases import Phase, slurm_phase
+
+logger = logging.getLogger(__name__)
+
+# sbatch errors after which Slurm may or may not hold the job: the command was sent and
+# its answer was lost, or the controller timed out answering (it may have queued the job).
+OUTCOME_UNKNOWN_ERRORS = (slurm_errors.SshOutcomeUnknown, slurm_errors.SlurmControllerUnavailable)
+# Logging in as the object's account failed for good (the login node does not trust the CA,
+# the account does not exist there, no credential): the object cannot run until a person
+# fixes that, and it says so instead of waiting.
+IDENTITY_ERRORS = (slurm_errors.SshAuthenticationError, slurm_errors.SshConfigurationError)
+
+
+def slurm_error_as_application_error(what: str, error: slurm_errors.SlurmError) -> ApplicationError:
+    """A cluster error a person caused by clicking: 503 when retrying may help, else 502."""
+    return ApplicationError(
+        f"{what}: {describe_cluster_error(error)}", status_code=503 if error.transient else 502
+    )
+
+
+class Submission(SlurmKind[Tracked]):
+    def submit_exactly_once(self, object_id: str) -> str:
+        """Claim a queued object for submission, then submit it; returns what happened.
+
+        Accepts ``queued``, and ``submitting`` whose lease ran out (the worker that held it
+        died). The claim is a conditional update with a fresh lease. An error before the
+        sbatch was sent gives the lease back at once, so the task's own retry can claim it
+        again; safe to re-run because the submit looks the tag up before any ``sbatch`` and
+        never sends a second one while an earlier one's outcome is unknown.
+        """
+        now = timezone.now()
+        claimed = (
+            self.model.objects.filter(id=object_id)
+            .filter(
+                Q(state=self.QUEUED)
+                | Q(state=self.SUBMITTING, submit_lease_until__lt=now)
+                | Q(state=self.SUBMITTING, submit_lease_until__isnull=True)
+            )
+            .update(
+                state=self.SUBMITTING,
+                submit_lease_until=now + timedelta(seconds=settings.SUBMIT_LEASE_SECONDS),
+                submit_attempts=F("submit_attempts") + 1,
+            )
+        )
+        if not claimed:
+            return "not claimable (already submitted, being submitted, or ended)"
+        try:
+            return self._submit_claimed(object_id)
+        except slurm_errors.SlurmError as error:
+            if error.transient:
+                self.model.objects.filter(id=object_id, state=self.SUBMITTING).update(
+                    submit_lease_until=None
+                )
+            raise
+
+    def _submit_claimed(self, object_id: str) -> str:
+        faultpoint(f"{self.faultpoint_prefix}.after_claim")
+        obj = self.for_submit().get(id=object_id)
+        self.claimed(obj)
+        # The tag lookup sees every user's jobs: the service account (Slurm operator).
+        client = slurm_client_for(obj.cluster)
+        tag = slurm_commands.job_tag(obj.id)
+        existing = self.owned(
+            obj, client.find_jobs_by_tag(tag, since=obj.created_at - timedelta(minutes=5))
+        )
+        if existing:
+            self.adopt(obj, existing, client=client)
+            return f"adopted Slurm job {existing[0].job_id}"
+        if obj.sbatch_sent_at is not None:
+            # An earlier attempt sent sbatch and nobody saw its answer (the worker died):
+            # Slurm may still be about to queue it. Only the watcher may decide it is absent.
+            self.outcome_unknown(obj, "an earlier sbatch was sent and its answer never came back")
+            return "outcome of an earlier sbatch unknown; the watcher will resolve it"
+        # Everything else runs as the object's account: its files, its sbatch.
+        try:
+            transport = self.transport_of(obj)
+            if self.run_as(obj):
+                transport.connect()
+        except IDENTITY_ERRORS as error:
+            reason = (
+                f"Gantry could not log in to {obj.cluster.name} as {self.run_as(obj)}: "
+                f"{describe_cluster_error(error)}"
+            )
+            self.refused(obj, reason)
+            return f"not submitted: {reason}"
+        try:
+            script_path = self.prepare(obj, transport)
+        except WontSubmit as stop:
+            self.declined(obj, stop)
+            return f"not submitted: {stop.reason}"
+        faultpoint(f"{self.faultpoint_prefix}.before_sbatch")
+        return self._send_sbatch(obj, self.client_of(obj), script_path, tag)
+
+    def _send_sbatch(self, obj: Tracked, client: SlurmClient, script_path: str, tag: str) -> str:
+        sent_at = timezone.now()
+        # Written before the command goes out, and only while this attempt still holds the
+        # claim (another worker may have taken over an expired lease): a crash after this
+        # never sends a second one, and two workers never both send.
+        if not self.model.objects.filter(
+            id=obj.id,
+            state=self.SUBMITTING,
+            submit_attempts=obj.submit_attempts,
+            sbatch_sent_at__isnull=True,
+        ).update(sbatch_sent_at=sent_at):
+            return "no longer this attempt's to send (taken over, cancelled or sent)"
+        obj.sbatch_sent_at = sent_at
+        try:
+            slurm_id = client.submit(script_path, tag=tag)
+        except OUTCOME_UNKNOWN_ERRORS as error:
+            self.outcome_unknown(obj, f"sbatch sent, no answer: {describe_cluster_error(error)}")
+            return "sbatch outcome unknown; the watcher will find the job by its tag"
+        except slurm_errors.SlurmCommandError as error:
+            self.refused(obj, f"Slurm refused the {self.noun}: {error.stderr.strip() or error}")
+            return "refused by Slurm"
+        except slurm_errors.SlurmError:
+            # Never sent (no connection, no channel): safe to try again.
+            self.model.objects.filter(id=obj.id, sbatch_sent_at=sent_at).update(sbatch_sent_at=None)
+            raise
+        # The window a redelivery must cover: Slurm has the job, the database does not yet.
+        faultpoint(f"{self.faultpoint_prefix}.after_sbatch")
+        now = timezone.now()
+        obj.state = self.SUBMITTING
+        if not self.transition(
+            obj,
+            self.PENDING,
+            message=f"sbatch accepted it as Slurm job {slurm_id}",
+            slurm_job_id=slurm_id,
+            submitted_at=now,
+            last_seen_in_slurm_at=now,
+            submit_lease_until=None,
+        ):
+            self._cancel_if_cancelled_meanwhile(obj, client, slurm_id)
+        # Look at it soon, whatever the watcher's idle back-off was.
+        cluster_reconcile_soon(cluster_id=obj.cluster_id)
+        return f"submitted as Slurm job {slurm_id}"
+
+    def outcome_unknown(self, obj: Tracked, reason: str) -> bool:
+        """sbatch may or may not have queued the job: wait for the watcher to find the tag
+        or prove it absent. Never followed by a second sbatch before that."""
+        obj.state = self.SUBMITTING
+        changed = self.transition(
+            obj,
+            self.SUBMIT_UNKNOWN,
+            message=f"{reason}; looking for the job by its tag before anything else is sent",
+            submit_lease_until=None,
+        )
+        cluster_reconcile_soon(cluster_id=obj.cluster_id)
+        return changed
+
+    def _cancel_if_cancelled_meanwhile(
+        self, obj: Tracked, client: SlurmClient, slurm_id: str
+    ) -> None:
+        """Cancelled while we submitted: do not leave a Slurm job nobody tracks."""
+        current = self.model.objects.get(id=obj.id)
+        if current.state == self.CANCELLED:
+            client.cancel(slurm_id)
+            self.model.objects.filter(id=obj.id).update(slurm_job_id=slurm_id)
+            self.record(
+                obj, "cancel", message=f"cancelled Slurm job {slurm_id} submitted meanwhile"
+            )
+
+    def adopt(self, obj: Tracked, found: list[SlurmJob], *, client: SlurmClient) -> bool:
+        """Take over the oldest Slurm job carrying the object's tag instead of submitting
+        again; any other one is a duplicate and is cancelled."""
+        chosen, duplicates = found[0], found[1:]
+        phase = slurm_phase(chosen.state) or Phase.PENDING
+        # Leave final states to the watcher, which reads exit codes from accounting.
+        state = self.PENDING if phase in Phase.FINAL else self.state_for(phase)
+        now = timezone.now()
+        adopted = self.transition(
+            obj,
+            state,
+            message=f"found Slurm job {chosen.job_id} by its tag; adopted it",
+            slurm_job_id=chosen.job_id,
+            submitted_at=chosen.submit_time or now,
+            last_seen_in_slurm_at=now,
+            submit_lease_until=None,
+        )
+        if not adopted:
+            self._cancel_if_cancelled_meanwhile(obj, client, chosen.job_id)
+        for duplicate in duplicates:
+            self.cancel_duplicate(obj, duplicate, client=client, kept=chosen.job_id)
+        return adopted
+
+    def cancel_duplicate(
+        self, obj: Tracked, duplicate: SlurmJob, *, client: SlurmClient, kept: str
+    ) -> None:
+        """A second Slurm job carrying the object's tag: cancel it, say so on the timeline."""
+        if duplicate.job_id == kept or slurm_phase(duplicate.state) in Phase.FINAL:
+            return
+        client.cancel(duplicate.job_id)
+        logger.error("%s %s: cancelled duplicate Slurm job %s", self.noun, obj.id, duplicate.job_id)
+        self.record(
+            obj,
+            "duplicate",
+            message=f"cancelled Slurm job {duplicate.job_id}: it carries this {self.noun}'s tag, "
+            f"which Slurm job {kept or '(none: this one ended)'} already has",
+        )
+
+    def submit_gave_up(self, object_id: str, error: BaseException) -> None:
+        """Retries ran out on a transient error (the cluster may be down for a while)."""
+        obj = self.model.objects.filter(id=object_id, state=self.SUBMITTING).first()
+        if obj is not None:
+            self.gave_up(obj, describe_cluster_error(error))
+
+    def cancel(self, obj: Tracked, *, by: str, audit: Callable[[Tracked], None]) -> str:
+        """Cancel ``obj``; idempotent. ``audit(obj)`` is called in the same transaction as
+        the change it records. Accepts any state; a final object is left as it is. An object
+        without a Slurm job ends at once (a Slurm job that lands later with its tag is
+        cancelled by the watcher)."""
+        for _ in range(3):
+            obj.refresh_from_db()
+            if self.is_final(obj):
+                return f"already {obj.state}"
+            if obj.slurm_job_id:
+                break
+            with transaction.atomic():
+                if self.transition(
+                    obj,
+                    self.CANCELLED,
+                    message=f"cancelled by {by} before reaching Slurm",
+                    **self.ended_values(timezone.now()),
+                ):
+                    audit(obj)
+                    return "cancelled"
+        if not obj.slurm_job_id:
+            raise ConflictError(
+                f"The {self.noun} is being submitted right now; try again in a moment."
+            )
+        try:
+            # As the object's account, whoever asked: the audit event names the actor.
+            self.client_of(obj).cancel(obj.slurm_job_id)
+        except slurm_errors.SlurmError as error:
+            raise slurm_error_as_application_error("Could not cancel", error) from None
+        with transaction.atomic():
+            outcome = self.cancel_requested(obj, by=by)
+            audit(obj)
+        cluster_reconcile_soon(cluster_id=obj.cluster_id)
+        return outcome
+
+    def requeue_stalled(self, cluster: Cluster, now: datetime) -> int:
+        """Queued objects whose submit task was lost (Redis restarted, worker killed), and
+        submitting ones whose lease ran out, are enqueued again. Returns how many."""
+        stale = now - timedelta(seconds=settings.SUBMIT_REQUEUE_AFTER_SECONDS)
+        stalled = self.model.objects.filter(cluster=cluster).filter(
+            Q(state=self.QUEUED, updated_at__lt=stale)
+            | Q(state=self.SUBMITTING, submit_lease_until__lt=now)
+        )
+        requeued = 0
+        for object_id in stalled.values_list("id", flat=True)[:100]:
+            # Touch it so it is not requeued again next cycle while the task is on its way.
+            self.model.objects.filter(id=object_id).update(updated_at=now)
+            self.enqueue_submit(str(object_id))
+            requeued += 1
+        return requeued

@@ -1,0 +1,197 @@
+"""What Slurm (and, without accounting, the run directory) says about tracked objects,
+read once per watcher cycle in a constant number of remote commands.
+
+The batch script of every Gantry job records how it ended in its run directory
+(``gantry-exit-<slurm id>.json``: exit code, and the signal if it was stopped), so a
+cluster without accounting, or one whose ``sacct`` is down, still sees jobs finish.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import shlex
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from nodes.slurm import errors as slurm_errors
+from nodes.slurm.client import SlurmClient
+from nodes.slurm.errors import describe_cluster_error
+from nodes.slurm.parsers import SlurmJob
+from nodes.slurm.transport import SshTransport
+from runs.lifecycle.phases import is_final_phase
+from runs.models import SlurmTracked
+
+logger = logging.getLogger(__name__)
+
+# Accounting, per cycle: answered, failed (retried later), or the cluster has none.
+ACCOUNTING_OK = "ok"
+ACCOUNTING_DOWN = "down"
+ACCOUNTING_NONE = "none"
+
+_LIST_ENTRY = (
+    'd={dir}; printf "D %s\\n" "$d"; '
+    'for f in "$d"/gantry-exit-*.json; do if [ -f "$f" ]; then '
+    'printf "X %s\\n" "$(head -c 1024 "$f" | tr -d "\\n")"; fi; done; '
+    'for f in "$d"/slurm-*.out; do if [ -f "$f" ]; then printf "O %s\\n" "${{f##*/}}"; fi; done; '
+)
+
+
+@dataclass
+class DirectoryEvidence:
+    """What a run directory shows of the Slurm jobs that ran in it."""
+
+    exits: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # Slurm job ids that wrote output here (``slurm-<id>.out``): they ran.
+    outputs: set[str] = field(default_factory=set)
+
+
+def directory_evidence(
+    transport: SshTransport, directories: Sequence[str]
+) -> dict[str, DirectoryEvidence]:
+    """One remote command for all directories: exit records and Slurm output files."""
+    found: dict[str, DirectoryEvidence] = {
+        directory: DirectoryEvidence() for directory in directories
+    }
+    if not directories:
+        return found
+    script = "".join(_LIST_ENTRY.format(dir=shlex.quote(d)) for d in dict.fromkeys(directories))
+    current: DirectoryEvidence | None = None
+    for line in transport.exec_shell(script + "true").stdout.splitlines():
+        kind, _, value = line.partition(" ")
+        if kind == "D":
+            current = found.setdefault(value, DirectoryEvidence())
+        elif current is None:
+            continue
+        elif kind == "X":
+            try:
+                record = json.loads(value)
+            except ValueError:
+                continue
+            if isinstance(record, dict) and record.get("slurm_job_id"):
+                current.exits[str(record["slurm_job_id"])] = record
+        elif kind == "O" and value.startswith("slurm-") and value.endswith(".out"):
+            current.outputs.add(value.removeprefix("slurm-").removesuffix(".out"))
+    return found
+
+
+# How to reach an object's run directory: its account's transport, resolved when needed.
+OwnerTransport = Callable[[], SshTransport]
+
+
+def evidence_as_owners(
+    items: Sequence[tuple[str, OwnerTransport]], errors: list[str]
+) -> dict[str, DirectoryEvidence]:
+    """``directory_evidence`` of run directories owned by several accounts (each readable
+    only by its own): one listing per account. The directories of an account Gantry could
+    not log in as are missing from the result (unknown, never "empty": no proof of
+    absence may rest on them) and listed in ``errors``; the others still show."""
+    found: dict[str, DirectoryEvidence] = {}
+    groups: dict[int, tuple[SshTransport, list[str]]] = {}
+    for directory, owner in items:
+        try:
+            transport = owner()
+        except slurm_errors.SlurmError as error:
+            errors.append(f"{directory}: {error}")
+            continue
+        groups.setdefault(id(transport), (transport, []))[1].append(directory)
+    for transport, directories in groups.values():
+        try:
+            found.update(directory_evidence(transport, directories))
+        except slurm_errors.SlurmError as error:
+            logger.warning("listing run directories as %s failed: %s", transport.config.user, error)
+            errors.append(f"run directories of {transport.config.user}: {error}")
+    return found
+
+
+@dataclass
+class SlurmViews:
+    """What Slurm says about a set of tracked objects, read once per watcher cycle."""
+
+    queue: dict[str, SlurmJob]
+    accounted: dict[str, SlurmJob]
+    accounting: str = ACCOUNTING_OK
+    accounting_error: str = ""
+    # Exit records by Slurm job id (read when accounting is not usable).
+    exits: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # Run directories that could not be read this cycle, and why.
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def accounting_ok(self) -> bool:
+        return self.accounting == ACCOUNTING_OK
+
+
+def slurm_views(
+    client: SlurmClient,
+    transport: SshTransport,
+    tracked: Sequence[tuple[SlurmTracked, str]],
+    *,
+    accounting: str = ACCOUNTING_OK,
+    early: frozenset[str] = frozenset(),
+    owner_of: Callable[[SlurmTracked], SshTransport] | None = None,
+) -> SlurmViews:
+    """One ``squeue`` for every tracked Slurm job; for those that left the queue or show a
+    final state there (squeue's view lacks the true exit code), one ``sacct`` — or, when the
+    cluster has no accounting (``ACCOUNTING_NONE``) or sacct is down (``ACCOUNTING_DOWN``:
+    backing off, or it just failed), one listing of their run directories' exit records.
+
+    ``tracked``: (object, its run directory). ``client`` and ``transport`` are the service
+    account's (it sees every user's jobs); ``owner_of`` gives the transport of an object's
+    own account, which reads its run directory (``transport`` when not given). A failing
+    sacct does not hide what squeue said: the views carry the error instead, and the exit
+    records. ``early``: Slurm job ids
+    that finish from their exit record: for those, the listing comes first and sacct is asked
+    only about the ones without one (sacct lags the scheduler by seconds). At most two
+    listings and one sacct per cycle, whatever the number of objects.
+    """
+    if not tracked:
+        return SlurmViews(queue={}, accounted={})
+    queue = client.jobs_in_queue([obj.slurm_job_id for obj, _ in tracked])
+    need = [
+        (obj, directory)
+        for obj, directory in tracked
+        if obj.slurm_job_id not in queue or is_final_phase(queue[obj.slurm_job_id].state)
+    ]
+    if not need:
+        return SlurmViews(queue=queue, accounted={})
+    views = SlurmViews(queue=queue, accounted={}, accounting=accounting)
+    resolve = owner_of or (lambda _obj: transport)
+    if accounting != ACCOUNTING_OK:
+        _read_exit_records(views, need, resolve)
+        return views
+    # Kinds that finish early: their exit records first (sacct lags); sacct for the rest.
+    _read_exit_records(views, [item for item in need if item[0].slurm_job_id in early], resolve)
+    need = [item for item in need if item[0].slurm_job_id not in views.exits]
+    if not need:
+        return views
+    start = min(obj.submitted_at or obj.created_at for obj, _ in need) - timedelta(hours=1)
+    try:
+        views.accounted = client.jobs_accounting([obj.slurm_job_id for obj, _ in need], start=start)
+    except slurm_errors.SlurmError as error:
+        if isinstance(error, slurm_errors.SshError):
+            raise
+        views.accounting = ACCOUNTING_DOWN
+        views.accounting_error = describe_cluster_error(error)
+        _read_exit_records(
+            views, [item for item in need if item[0].slurm_job_id not in early], resolve
+        )
+    return views
+
+
+def _read_exit_records(
+    views: SlurmViews,
+    items: Sequence[tuple[SlurmTracked, str]],
+    resolve: Callable[[SlurmTracked], SshTransport],
+) -> None:
+    """The exit records of these objects' run directories, each read as its own account."""
+    if not items:
+        return
+    evidence = evidence_as_owners(
+        [(directory, functools.partial(resolve, obj)) for obj, directory in items], views.errors
+    )
+    for item in evidence.values():
+        views.exits.update(item.exits)
