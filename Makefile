@@ -1,4 +1,4 @@
-.PHONY: run test faults drill-coverage lint format devcluster-up devcluster-down
+.PHONY: run test unit faults drill-coverage lint format devcluster-up devcluster-down
 
 # Set up (venv, dependencies, Redis, the dev cluster, database, admin user) and run
 # the web UI, a Celery worker and beat in the foreground. Ctrl-C stops all of them.
@@ -8,6 +8,11 @@ run:
 # Set up and run every check: ruff, mypy, import contracts, pytest on SQLite and PostgreSQL.
 test:
 	scripts/test
+
+# The fast loop: lint, types, import contracts and every test that needs no dev cluster,
+# Redis, browser or multi-process trainer run (well under 2 minutes). Sets up the venv only.
+unit:
+	scripts/unit
 
 # The fault-injection and security suite at full length (30 worker-kill trials).
 faults:

@@ -17,7 +17,7 @@ from django.db import connection, transaction
 from django.db.models import Count, Max, Sum
 
 from jobs.lifecycle import job_event
-from jobs.models import Checkpoint, Job, MetricPoint, StateFingerprint
+from jobs.models import Checkpoint, Job, JobEvent, MetricPoint, StateFingerprint
 from trainer.schema import FINGERPRINT_FORMAT, METRIC_KEYS, Event
 
 logger = logging.getLogger(__name__)
@@ -441,7 +441,7 @@ def checkpoint_register(
     if created_now:
         job_event(
             job,
-            "checkpoint",
+            JobEvent.Kind.CHECKPOINT,
             message=f"checkpoint at step {step} registered ({size} bytes, {len(files)} files)",
         )
         return checkpoint

@@ -16,6 +16,7 @@ from jobs.script import job_script_spec
 from nodes.cluster_access import transport_for
 from nodes.slurm.parsers import SlurmJob
 from nodes.slurm.transport import SshTransport
+from runs.events import RunEventKind
 from runs.lifecycle import SlurmLifecycle, WontSubmit, slurm_phase
 from runs.runtime import (
     UserAreaError,
@@ -33,7 +34,10 @@ _NO_NODES = ("None assigned", "(null)")
 def job_event(
     job: Job | str, kind: str, from_state: str = "", to_state: str = "", message: str = ""
 ) -> None:
-    """One entry on a job's timeline."""
+    """One entry on a job's timeline. ``kind`` is one of ``JobEvent.Kind``: anything else
+    is a programming error, refused here rather than stored as a kind no page knows."""
+    if kind not in JobEvent.Kind.values:
+        raise ValueError(f"not a job event kind: {kind!r}")
     job_id = job.id if isinstance(job, Job) else job
     JobEvent.objects.create(
         job_id=job_id, kind=kind, from_state=from_state, to_state=to_state, message=message[:4000]
@@ -79,18 +83,24 @@ class JobLifecycle(SlurmLifecycle[Job]):
         return obj.run_as
 
     def cancel_was_requested(self, obj: Job) -> bool:
-        return JobEvent.objects.filter(job_id=obj.id, kind="cancel").exists()
+        return JobEvent.objects.filter(job_id=obj.id, kind=JobEvent.Kind.CANCEL).exists()
 
     def record(
-        self, obj: Job, kind: str, *, from_state: str = "", to_state: str = "", message: str = ""
+        self,
+        obj: Job,
+        kind: RunEventKind,
+        *,
+        from_state: str = "",
+        to_state: str = "",
+        message: str = "",
     ) -> None:
         job_event(obj, kind, from_state, to_state, message)
 
     def claimed(self, obj: Job) -> None:
         if obj.submit_attempts == 1:
-            job_event(obj, "state", Job.State.QUEUED, Job.State.SUBMITTING)
+            job_event(obj, JobEvent.Kind.STATE, Job.State.QUEUED, Job.State.SUBMITTING)
         else:
-            job_event(obj, "submit_attempt", message=f"attempt {obj.submit_attempts}")
+            job_event(obj, JobEvent.Kind.SUBMIT_ATTEMPT, message=f"attempt {obj.submit_attempts}")
 
     def prepare(self, obj: Job, transport: SshTransport) -> str:
         """``transport``: the job's account. The trainer goes to the shared, content-
@@ -168,7 +178,7 @@ class JobLifecycle(SlurmLifecycle[Job]):
 
     def cancel_requested(self, obj: Job, *, by: str) -> str:
         Job.objects.filter(id=obj.id).update(state_reason=f"cancel requested by {by}")
-        job_event(obj, "cancel", message=f"scancel {obj.slurm_job_id} by {by}")
+        job_event(obj, JobEvent.Kind.CANCEL, message=f"scancel {obj.slurm_job_id} by {by}")
         return "cancel requested"
 
 

@@ -198,9 +198,29 @@ class Job(SlurmTracked):
 class JobEvent(models.Model):
     """One entry of a job's timeline."""
 
+    class Kind(models.TextChoices):
+        # Written by the generic lifecycle (``runs.events.RunEventKind``: a test checks
+        # that every value there is here).
+        STATE = "state", "state change"
+        SUBMIT_ATTEMPT = "submit_attempt", "submit attempt"
+        CANCEL = "cancel", "cancel"
+        DUPLICATE = "duplicate", "duplicate cancelled"
+        REASON = "reason", "Slurm's reason"
+        # Written by jobs: hold and release, where its settings came from, checkpoints.
+        HOLD = "hold", "held"
+        RELEASE = "release", "released"
+        TEMPLATE = "template", "from a template"
+        RUN_AGAIN = "run_again", "run again"
+        CHECKPOINT = "checkpoint", "checkpoint registered"
+        # The trainer's own events that go on the timeline (``trainer.schema.Event``).
+        RESUMED = "resumed", "resumed"
+        TARGET_REACHED = "target_reached", "target reached"
+        CHECKPOINT_FAILED = "checkpoint_failed", "checkpoint failed"
+        DONE = "done", "training done"
+
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="events")
     at = models.DateTimeField(auto_now_add=True)
-    kind = models.CharField(max_length=32)
+    kind = models.CharField(max_length=32, choices=Kind.choices)
     from_state = models.CharField(max_length=16, blank=True)
     to_state = models.CharField(max_length=16, blank=True)
     message = models.TextField(blank=True)

@@ -76,7 +76,7 @@ def pending_estimates_refresh(*, cluster: Cluster, client: SlurmClient, now: dat
 
 
 def _last_hold_event(job: Job) -> JobEvent | None:
-    events = JobEvent.objects.filter(job=job, kind__in=["hold", "release"])
+    events = JobEvent.objects.filter(job=job, kind__in=[JobEvent.Kind.HOLD, JobEvent.Kind.RELEASE])
     return events.order_by("-at", "-id").first()
 
 
@@ -155,7 +155,11 @@ def _hold_or_release(*, actor: Any, job: Job, hold: bool) -> str:
         action = "hold" if hold else "release"
         raise slurm_error_as_application_error(f"Could not {action} the job", error) from None
     with transaction.atomic():
-        job_event(job, "hold" if hold else "release", message=f"{verb} by {actor.get_username()}")
+        job_event(
+            job,
+            JobEvent.Kind.HOLD if hold else JobEvent.Kind.RELEASE,
+            message=f"{verb} by {actor.get_username()}",
+        )
         audit_event_record(
             actor=actor,
             action=AuditAction.JOB_HOLD if hold else AuditAction.JOB_RELEASE,

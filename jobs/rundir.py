@@ -1,14 +1,14 @@
-"""The watcher's look into run directories: one remote command per account lists every
-watched run directory of that account (metrics size, acceptance, checkpoint manifests; a
-run directory is readable by its own account only); then only new bytes are read over
-SFTP (by offset) and handed to ``jobs.ingest``.
+"""The watcher's reading of jobs' run directories: what the cycle's one listing
+(``runs.rundir``: metrics size, acceptance, checkpoint manifests; one command per account,
+a run directory being readable by its own account only) shows is new is read over SFTP
+(metric bytes by offset) and handed to ``jobs.ingest``.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
-import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +20,7 @@ from jobs.models import Checkpoint, Job
 from nodes.cluster_access import transport_as
 from nodes.models import Cluster
 from nodes.slurm import errors as slurm_errors
+from runs.rundir import RunDirectories, RunDirectory
 from runs.runtime import run_dir
 
 logger = logging.getLogger(__name__)
@@ -34,45 +35,8 @@ class RunFilesResult:
     errors: list[str] = field(default_factory=list)
 
 
-_FILES_SCRIPT_ENTRY = (
-    'd={dir}; printf "D %s\\n" "$d"; '
-    'if [ -f "$d/metrics.jsonl" ]; then printf "M %s\\n" "$(stat -c %s "$d/metrics.jsonl")"; fi; '
-    'if [ -f "$d/acceptance.json" ]; then echo A; fi; '
-    'for m in "$d"/checkpoints/step-*/manifest.json; do '
-    'if [ -f "$m" ]; then printf "C %s\\n" "$m"; fi; done; '
-)
-
-
-@dataclass
-class RunFiles:
-    metrics_size: int | None = None
-    acceptance: bool = False
-    manifests: list[str] = field(default_factory=list)
-
-
-def scan_run_dirs(transport: Any, directories: list[str]) -> dict[str, RunFiles]:
-    """One remote command for all run directories: metrics size, acceptance, manifests."""
-    script = "".join(_FILES_SCRIPT_ENTRY.format(dir=shlex.quote(d)) for d in directories)
-    output = transport.exec_shell(script + "true").stdout
-    found: dict[str, RunFiles] = {}
-    current: RunFiles | None = None
-    for line in output.splitlines():
-        kind, _, value = line.partition(" ")
-        if kind == "D":
-            current = found.setdefault(value, RunFiles())
-        elif current is None:
-            continue
-        elif kind == "M" and value.strip().isdigit():
-            current.metrics_size = int(value)
-        elif kind == "A":
-            current.acceptance = True
-        elif kind == "C":
-            current.manifests.append(value)
-    return found
-
-
 def _read_run_files(
-    job: Job, files: RunFiles, transport: Any, result: RunFilesResult, known_steps: set[str]
+    job: Job, files: RunDirectory, transport: Any, result: RunFilesResult, known_steps: set[str]
 ) -> None:
     directory = run_dir(job.cluster.workdir, str(job.id), job.run_as)
     if files.metrics_size is not None and files.metrics_size > job.metrics_offset:
@@ -130,20 +94,36 @@ def jobs_to_read(cluster: Cluster) -> list[Job]:
     )
 
 
-def run_files_read(*, cluster: Cluster, jobs: list[Job]) -> RunFilesResult:
-    """Read what is new in the run directories of ``jobs``, as each job's account: per
-    account one listing command, then SFTP reads of new metric bytes, the acceptance
-    manifest and new checkpoint manifests. A job that has ended is marked ``files_final``
-    after this read: nothing more will appear. An account Gantry cannot log in as is an
-    error of its jobs only; the other accounts' jobs are read."""
+def run_directories_of(cluster: Cluster, jobs: list[Job]) -> list[tuple[str, Any]]:
+    """(run directory, its account's transport) of each job, for the cycle's listing."""
+    return [
+        (
+            run_dir(cluster.workdir, str(job.id), job.run_as),
+            functools.partial(transport_as, cluster, job.run_as),
+        )
+        for job in jobs
+    ]
+
+
+def run_files_read(
+    *, cluster: Cluster, jobs: list[Job], listing: RunDirectories | None = None
+) -> RunFilesResult:
+    """Read what is new in the run directories of ``jobs``, as each job's account: what
+    the cycle's ``listing`` shows (listed now, one command per account, where it was not
+    yet), then SFTP reads of new metric bytes, the acceptance manifest and new checkpoint
+    manifests. A job that has ended is marked ``files_final`` after this read: nothing
+    more will appear. An account Gantry cannot log in as, or whose listing failed, is an
+    error of its jobs only (they are read next cycle); the other accounts' jobs are read."""
     result = RunFilesResult()
+    listing = listing if listing is not None else RunDirectories()
+    listed = listing.look(run_directories_of(cluster, jobs), result.errors)
     by_account: dict[str, list[Job]] = {}
     for job in jobs:
         by_account.setdefault(job.run_as, []).append(job)
     for account, group in by_account.items():
         try:
             transport = transport_as(cluster, account)
-            _read_group(cluster, group, transport, result)
+            _read_group(cluster, group, transport, result, listed)
         except slurm_errors.SlurmError as error:
             if not account:
                 raise
@@ -152,19 +132,24 @@ def run_files_read(*, cluster: Cluster, jobs: list[Job]) -> RunFilesResult:
     return result
 
 
-def _read_group(cluster: Cluster, jobs: list[Job], transport: Any, result: RunFilesResult) -> None:
-    directories = [run_dir(cluster.workdir, str(job.id), job.run_as) for job in jobs]
-    scanned = scan_run_dirs(transport, directories)
+def _read_group(
+    cluster: Cluster,
+    jobs: list[Job],
+    transport: Any,
+    result: RunFilesResult,
+    listed: dict[str, RunDirectory],
+) -> None:
+    directories = {job.id: run_dir(cluster.workdir, str(job.id), job.run_as) for job in jobs}
+    # A directory the listing could not reach is unknown, not empty: read next cycle.
+    jobs = [job for job in jobs if directories[job.id] in listed]
     known: dict[Any, set[str]] = {job.id: set() for job in jobs}
     for job_id, step in Checkpoint.objects.filter(job__in=jobs).values_list("job_id", "step"):
         known[job_id].add(f"step-{step:06d}")
     fresh = Job.objects.select_related("cluster").in_bulk([job.id for job in jobs])
-    for job, directory in zip(jobs, directories, strict=True):
+    for job in jobs:
         job = fresh.get(job.id, job)
         try:
-            _read_run_files(
-                job, scanned.get(directory, RunFiles()), transport, result, known[job.id]
-            )
+            _read_run_files(job, listed[directories[job.id]], transport, result, known[job.id])
         except slurm_errors.SlurmError:
             raise
         except Exception as error:

@@ -18,7 +18,7 @@ from core.audit import AuditAction, audit_event_record
 from core.errors import FieldError
 from core.roles import is_operator, is_researcher
 from jobs.lifecycle import JOBS, job_event
-from jobs.models import Checkpoint, Job
+from jobs.models import Checkpoint, Job, JobEvent
 from jobs.script import job_script
 from jobs.validation import JobRequest, job_request_validate, validate_environment
 from nodes.cluster_access import transport_as
@@ -101,7 +101,7 @@ def job_submit(
     job.resume_from = resume_from
     with transaction.atomic():
         job.save(force_insert=True)
-        job_event(job, "state", to_state=Job.State.QUEUED, message="submitted")
+        job_event(job, JobEvent.Kind.STATE, to_state=Job.State.QUEUED, message="submitted")
         audit_event_record(
             actor=user,
             action=AuditAction.JOB_RESUME if resume_from else AuditAction.JOB_SUBMIT,

@@ -33,7 +33,7 @@ from drills.lifecycle import DRILLS
 from jobs.lifecycle import JOBS
 from jobs.models import Job
 from jobs.pending_queue import pending_estimates_refresh
-from jobs.rundir import jobs_to_read, run_files_read
+from jobs.rundir import jobs_to_read, run_directories_of, run_files_read
 from nodes.cluster_access import slurm_client_for, transport_for
 from nodes.models import Cluster
 from nodes.slurm import commands as slurm_commands
@@ -49,6 +49,7 @@ from runs.lifecycle import (
     evidence_as_owners,
     slurm_views,
 )
+from runs.rundir import RunDirectories
 
 logger = logging.getLogger(__name__)
 
@@ -122,11 +123,24 @@ def _cycle(cluster: Cluster) -> ReconcileResult:
     kind_of = {id(obj): kind for kind, objects in tracked for obj in objects}
     try:
         _resolve_by_tag(cluster, client, risky, result, now)
+        # One listing of run directories for the rest of the cycle (after the tag lookup,
+        # whose own rare listing may come before squeue): the exit records the views need
+        # and the files the jobs wrote, one command per account.
+        listing = RunDirectories()
+        listing.want(run_directories_of(cluster, jobs_to_read(cluster)))
+        listing.want(
+            [
+                (kind.run_directory(obj), functools.partial(kind.transport_of, obj))
+                for kind, objects in tracked
+                for obj in objects
+            ]
+        )
         views = slurm_views(
             client,
             transport,
             [(obj, kind.run_directory(obj)) for kind, objects in tracked for obj in objects],
             owner_of=lambda obj: kind_of[id(obj)].transport_of(obj),
+            listing=listing,
             accounting=result.accounting,
             early=frozenset(
                 obj.slurm_job_id
@@ -143,7 +157,7 @@ def _cycle(cluster: Cluster) -> ReconcileResult:
         # Pending jobs' expected start: at most one squeue --start, only while some wait.
         result.errors += pending_estimates_refresh(cluster=cluster, client=client, now=now)
         # Jobs that just ended get their files read in this same cycle.
-        files = run_files_read(cluster=cluster, jobs=jobs_to_read(cluster))
+        files = run_files_read(cluster=cluster, jobs=jobs_to_read(cluster), listing=listing)
     except slurm_errors.SlurmError as error:
         _count_ssh(result, login_node, before)
         _reconcile_failed(cluster, result, now, describe_cluster_error(error))

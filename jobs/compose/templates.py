@@ -25,7 +25,7 @@ from core.errors import FieldError
 from core.roles import is_operator, is_researcher
 from jobs.compose.settings import job_request_from_values, job_settings, settings_clean
 from jobs.lifecycle import job_event
-from jobs.models import Job, JobTemplate
+from jobs.models import Job, JobEvent, JobTemplate
 from jobs.placement import job_request_with_advice
 from jobs.services import job_submit
 from jobs.validation import CONTROL_CHARACTERS, job_request_validate
@@ -222,7 +222,7 @@ def job_template_submit(*, user: Any, template: JobTemplate, name: str | None = 
     job = _submit_settings(
         user=user, cluster=template.cluster, settings=settings, origin={"template": template.pk}
     )
-    job_event(job, "template", message=f"submitted from template “{template.name}”")
+    job_event(job, JobEvent.Kind.TEMPLATE, message=f"submitted from template “{template.name}”")
     return job
 
 
@@ -234,5 +234,5 @@ def job_run_again(*, user: Any, job: Job, name: str | None = None) -> Job:
     new = _submit_settings(
         user=user, cluster=job.cluster, settings=settings, origin={"run_again_of": str(job.id)}
     )
-    job_event(new, "run_again", message=f"the settings of {job.name} ({job.id})")
+    job_event(new, JobEvent.Kind.RUN_AGAIN, message=f"the settings of {job.name} ({job.id})")
     return new

@@ -16,7 +16,8 @@ finished one means, the timeline) is a handful of hooks on a subclass:
 
 Modules: ``kind`` (hooks and the transition primitive), ``submit`` (exactly-once
 submission, cancel, requeue), ``watch`` (what the watcher applies), ``views`` (what Slurm
-and the run directories say, read in a constant number of commands), ``phases``.
+and the run directories say, read in a constant number of commands), ``phases``; the run
+directories themselves are listed by ``runs.rundir``.
 """
 
 from __future__ import annotations
@@ -28,9 +29,7 @@ from runs.lifecycle.views import (
     ACCOUNTING_DOWN,
     ACCOUNTING_NONE,
     ACCOUNTING_OK,
-    DirectoryEvidence,
     SlurmViews,
-    directory_evidence,
     evidence_as_owners,
     slurm_views,
 )
@@ -47,12 +46,10 @@ __all__ = [
     "ACCOUNTING_NONE",
     "ACCOUNTING_OK",
     "SLURM_STATE_MAP",
-    "DirectoryEvidence",
     "Phase",
     "SlurmLifecycle",
     "SlurmViews",
     "WontSubmit",
-    "directory_evidence",
     "evidence_as_owners",
     "is_final_phase",
     "slurm_error_as_application_error",

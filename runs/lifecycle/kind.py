@@ -15,6 +15,7 @@ from nodes.cluster_access import slurm_client_as, transport_as
 from nodes.slurm.client import SlurmClient
 from nodes.slurm.parsers import SlurmJob
 from nodes.slurm.transport import SshTransport
+from runs.events import RunEventKind
 from runs.models import SlurmTracked
 
 logger = logging.getLogger(__name__)
@@ -93,7 +94,7 @@ class SlurmKind(Generic[Tracked]):
     def record(
         self,
         obj: Tracked,
-        kind: str,
+        kind: RunEventKind,
         *,
         from_state: str = "",
         to_state: str = "",
@@ -161,7 +162,9 @@ class SlurmKind(Generic[Tracked]):
             state=to_state, **values
         ):
             return False
-        self.record(obj, "state", from_state=from_state, to_state=to_state, message=message)
+        self.record(
+            obj, RunEventKind.STATE, from_state=from_state, to_state=to_state, message=message
+        )
         # The line a quiet console (make run) prints for every state change.
         suffix = f" ({message})" if message else ""
         logger.info("%s %s: %s -> %s%s", self.noun, obj.id, from_state, to_state, suffix)

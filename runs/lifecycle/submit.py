@@ -29,6 +29,7 @@ from nodes.slurm import errors as slurm_errors
 from nodes.slurm.client import SlurmClient
 from nodes.slurm.errors import describe_cluster_error
 from nodes.slurm.parsers import SlurmJob
+from runs.events import RunEventKind
 from runs.lifecycle.kind import SlurmKind, Tracked, WontSubmit
 from runs.lifecycle.phases import Phase, slurm_phase
 
@@ -188,7 +189,9 @@ class Submission(SlurmKind[Tracked]):
             client.cancel(slurm_id)
             self.model.objects.filter(id=obj.id).update(slurm_job_id=slurm_id)
             self.record(
-                obj, "cancel", message=f"cancelled Slurm job {slurm_id} submitted meanwhile"
+                obj,
+                RunEventKind.CANCEL,
+                message=f"cancelled Slurm job {slurm_id} submitted meanwhile",
             )
 
     def adopt(self, obj: Tracked, found: list[SlurmJob], *, client: SlurmClient) -> bool:
@@ -224,7 +227,7 @@ class Submission(SlurmKind[Tracked]):
         logger.error("%s %s: cancelled duplicate Slurm job %s", self.noun, obj.id, duplicate.job_id)
         self.record(
             obj,
-            "duplicate",
+            RunEventKind.DUPLICATE,
             message=f"cancelled Slurm job {duplicate.job_id}: it carries this {self.noun}'s tag, "
             f"which Slurm job {kept or '(none: this one ended)'} already has",
         )

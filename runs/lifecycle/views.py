@@ -3,15 +3,14 @@ read once per watcher cycle in a constant number of remote commands.
 
 The batch script of every Gantry job records how it ended in its run directory
 (``gantry-exit-<slurm id>.json``: exit code, and the signal if it was stopped), so a
-cluster without accounting, or one whose ``sacct`` is down, still sees jobs finish.
+cluster without accounting, or one whose ``sacct`` is down, still sees jobs finish. An
+object's exit record is read from its own run directory only (``runs.rundir``).
 """
 
 from __future__ import annotations
 
 import functools
-import json
 import logging
-import shlex
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -24,6 +23,7 @@ from nodes.slurm.parsers import SlurmJob
 from nodes.slurm.transport import SshTransport
 from runs.lifecycle.phases import is_final_phase
 from runs.models import SlurmTracked
+from runs.rundir import OwnerTransport, RunDirectories, RunDirectory
 
 logger = logging.getLogger(__name__)
 
@@ -32,79 +32,17 @@ ACCOUNTING_OK = "ok"
 ACCOUNTING_DOWN = "down"
 ACCOUNTING_NONE = "none"
 
-_LIST_ENTRY = (
-    'd={dir}; printf "D %s\\n" "$d"; '
-    'for f in "$d"/gantry-exit-*.json; do if [ -f "$f" ]; then '
-    'printf "X %s\\n" "$(head -c 1024 "$f" | tr -d "\\n")"; fi; done; '
-    'for f in "$d"/slurm-*.out; do if [ -f "$f" ]; then printf "O %s\\n" "${{f##*/}}"; fi; done; '
-)
-
-
-@dataclass
-class DirectoryEvidence:
-    """What a run directory shows of the Slurm jobs that ran in it."""
-
-    exits: dict[str, dict[str, Any]] = field(default_factory=dict)
-    # Slurm job ids that wrote output here (``slurm-<id>.out``): they ran.
-    outputs: set[str] = field(default_factory=set)
-
-
-def directory_evidence(
-    transport: SshTransport, directories: Sequence[str]
-) -> dict[str, DirectoryEvidence]:
-    """One remote command for all directories: exit records and Slurm output files."""
-    found: dict[str, DirectoryEvidence] = {
-        directory: DirectoryEvidence() for directory in directories
-    }
-    if not directories:
-        return found
-    script = "".join(_LIST_ENTRY.format(dir=shlex.quote(d)) for d in dict.fromkeys(directories))
-    current: DirectoryEvidence | None = None
-    for line in transport.exec_shell(script + "true").stdout.splitlines():
-        kind, _, value = line.partition(" ")
-        if kind == "D":
-            current = found.setdefault(value, DirectoryEvidence())
-        elif current is None:
-            continue
-        elif kind == "X":
-            try:
-                record = json.loads(value)
-            except ValueError:
-                continue
-            if isinstance(record, dict) and record.get("slurm_job_id"):
-                current.exits[str(record["slurm_job_id"])] = record
-        elif kind == "O" and value.startswith("slurm-") and value.endswith(".out"):
-            current.outputs.add(value.removeprefix("slurm-").removesuffix(".out"))
-    return found
-
-
-# How to reach an object's run directory: its account's transport, resolved when needed.
-OwnerTransport = Callable[[], SshTransport]
-
 
 def evidence_as_owners(
-    items: Sequence[tuple[str, OwnerTransport]], errors: list[str]
-) -> dict[str, DirectoryEvidence]:
-    """``directory_evidence`` of run directories owned by several accounts (each readable
-    only by its own): one listing per account. The directories of an account Gantry could
-    not log in as are missing from the result (unknown, never "empty": no proof of
-    absence may rest on them) and listed in ``errors``; the others still show."""
-    found: dict[str, DirectoryEvidence] = {}
-    groups: dict[int, tuple[SshTransport, list[str]]] = {}
-    for directory, owner in items:
-        try:
-            transport = owner()
-        except slurm_errors.SlurmError as error:
-            errors.append(f"{directory}: {error}")
-            continue
-        groups.setdefault(id(transport), (transport, []))[1].append(directory)
-    for transport, directories in groups.values():
-        try:
-            found.update(directory_evidence(transport, directories))
-        except slurm_errors.SlurmError as error:
-            logger.warning("listing run directories as %s failed: %s", transport.config.user, error)
-            errors.append(f"run directories of {transport.config.user}: {error}")
-    return found
+    items: Sequence[tuple[str, OwnerTransport]],
+    errors: list[str],
+    listing: RunDirectories | None = None,
+) -> dict[str, RunDirectory]:
+    """What the run directories of ``items`` show, each listed as its own account (one
+    command per account, or none where ``listing`` already has them). The directories of
+    an account Gantry could not log in as are missing from the result (unknown, never
+    "empty": no proof of absence may rest on them) and listed in ``errors``."""
+    return (listing or RunDirectories()).look(items, errors)
 
 
 @dataclass
@@ -133,6 +71,7 @@ def slurm_views(
     accounting: str = ACCOUNTING_OK,
     early: frozenset[str] = frozenset(),
     owner_of: Callable[[SlurmTracked], SshTransport] | None = None,
+    listing: RunDirectories | None = None,
 ) -> SlurmViews:
     """One ``squeue`` for every tracked Slurm job; for those that left the queue or show a
     final state there (squeue's view lacks the true exit code), one ``sacct`` — or, when the
@@ -145,8 +84,10 @@ def slurm_views(
     sacct does not hide what squeue said: the views carry the error instead, and the exit
     records. ``early``: Slurm job ids
     that finish from their exit record: for those, the listing comes first and sacct is asked
-    only about the ones without one (sacct lags the scheduler by seconds). At most two
-    listings and one sacct per cycle, whatever the number of objects.
+    only about the ones without one (sacct lags the scheduler by seconds). ``listing``: the
+    cycle's listing of run directories (``runs.rundir.RunDirectories``), shared with the
+    reading of run files, so that a cycle lists each directory once. One squeue, at most
+    one sacct and one listing per account per cycle, whatever the number of objects.
     """
     if not tracked:
         return SlurmViews(queue={}, accounted={})
@@ -160,11 +101,14 @@ def slurm_views(
         return SlurmViews(queue=queue, accounted={})
     views = SlurmViews(queue=queue, accounted={}, accounting=accounting)
     resolve = owner_of or (lambda _obj: transport)
+    listing = listing if listing is not None else RunDirectories()
     if accounting != ACCOUNTING_OK:
-        _read_exit_records(views, need, resolve)
+        _read_exit_records(views, need, resolve, listing)
         return views
     # Kinds that finish early: their exit records first (sacct lags); sacct for the rest.
-    _read_exit_records(views, [item for item in need if item[0].slurm_job_id in early], resolve)
+    _read_exit_records(
+        views, [item for item in need if item[0].slurm_job_id in early], resolve, listing
+    )
     need = [item for item in need if item[0].slurm_job_id not in views.exits]
     if not need:
         return views
@@ -177,7 +121,7 @@ def slurm_views(
         views.accounting = ACCOUNTING_DOWN
         views.accounting_error = describe_cluster_error(error)
         _read_exit_records(
-            views, [item for item in need if item[0].slurm_job_id not in early], resolve
+            views, [item for item in need if item[0].slurm_job_id not in early], resolve, listing
         )
     return views
 
@@ -186,12 +130,19 @@ def _read_exit_records(
     views: SlurmViews,
     items: Sequence[tuple[SlurmTracked, str]],
     resolve: Callable[[SlurmTracked], SshTransport],
+    listing: RunDirectories,
 ) -> None:
-    """The exit records of these objects' run directories, each read as its own account."""
+    """The exit records of these objects, each from its own run directory (read as its own
+    account): a record another directory holds, under any id, is no evidence here."""
     if not items:
         return
-    evidence = evidence_as_owners(
-        [(directory, functools.partial(resolve, obj)) for obj, directory in items], views.errors
+    listed = evidence_as_owners(
+        [(directory, functools.partial(resolve, obj)) for obj, directory in items],
+        views.errors,
+        listing,
     )
-    for item in evidence.values():
-        views.exits.update(item.exits)
+    for obj, directory in items:
+        entry = listed.get(directory)
+        record = entry.exit_record(obj.slurm_job_id) if entry is not None else None
+        if record is not None:
+            views.exits[obj.slurm_job_id] = record

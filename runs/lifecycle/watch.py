@@ -18,10 +18,12 @@ from nodes.slurm import commands as slurm_commands
 from nodes.slurm import errors as slurm_errors
 from nodes.slurm.client import SlurmClient, TagLookup
 from nodes.slurm.parsers import SlurmJob
+from runs.events import RunEventKind
 from runs.lifecycle.kind import Tracked
 from runs.lifecycle.phases import Phase, is_final_phase, slurm_phase
 from runs.lifecycle.submit import Submission
-from runs.lifecycle.views import ACCOUNTING_NONE, DirectoryEvidence, SlurmViews
+from runs.lifecycle.views import ACCOUNTING_NONE, SlurmViews
+from runs.rundir import RunDirectory
 
 logger = logging.getLogger(__name__)
 
@@ -84,7 +86,7 @@ class Watching(Submission[Tracked]):
         self,
         objects: Sequence[Tracked],
         lookup: TagLookup,
-        evidence: dict[str, DirectoryEvidence],
+        evidence: dict[str, RunDirectory],
         client: SlurmClient,
         now: datetime,
     ) -> int:
@@ -108,7 +110,7 @@ class Watching(Submission[Tracked]):
         obj: Tracked,
         found: list[SlurmJob],
         lookup: TagLookup,
-        evidence: dict[str, DirectoryEvidence],
+        evidence: dict[str, RunDirectory],
         client: SlurmClient,
         now: datetime,
     ) -> int:
@@ -234,7 +236,11 @@ class Watching(Submission[Tracked]):
             self.model.objects.filter(id=obj.id, state=state).update(**values)
             if values.get("state_reason"):
                 self.record(
-                    obj, "reason", from_state=state, to_state=state, message=values["state_reason"]
+                    obj,
+                    RunEventKind.REASON,
+                    from_state=state,
+                    to_state=state,
+                    message=values["state_reason"],
                 )
         return 0
 

@@ -20,10 +20,10 @@ from nodes.slurm.parsers import SlurmJob
 from runs.lifecycle import (
     ACCOUNTING_DOWN,
     ACCOUNTING_NONE,
-    DirectoryEvidence,
     SlurmViews,
     slurm_views,
 )
+from runs.rundir import RunDirectory
 
 pytestmark = pytest.mark.django_db
 
@@ -100,16 +100,14 @@ def test_without_accounting_absence_needs_no_output_in_the_run_directory(setting
     settings.SUBMIT_UNKNOWN_GRACE_SECONDS = 60
     ran = _unknown_job(90, accounting=False)
     directory = JOBS.run_directory(ran)
-    _resolve(
-        ran, _lookup(ran, [], accounting_ok=False), {directory: DirectoryEvidence(outputs={"77"})}
-    )
+    _resolve(ran, _lookup(ran, [], accounting_ok=False), {directory: RunDirectory(outputs={"77"})})
     assert Job.objects.get(id=ran.id).state == "submit_unknown"
     # Its directory could not be listed (the account's login failed): no proof either.
     unread = _unknown_job(90, accounting=False)
     _resolve(unread, _lookup(unread, [], accounting_ok=False), {})
     assert Job.objects.get(id=unread.id).state == "submit_unknown"
     never = _unknown_job(90, accounting=False)
-    listed = {JOBS.run_directory(never): DirectoryEvidence()}
+    listed = {JOBS.run_directory(never): RunDirectory()}
     _resolve(never, _lookup(never, [], accounting_ok=False), listed)
     assert Job.objects.get(id=never.id).state == "queued"
 
@@ -204,8 +202,8 @@ def test_early_kinds_finish_from_the_exit_record_before_sacct_has_caught_up() ->
     )
     transport = ListingTransport(
         {
-            "/runs/90": 'X {"slurm_job_id": "90", "exit_code": 0, "signal": null}',
-            "/runs/91": 'X {"slurm_job_id": "91", "exit_code": 0, "signal": null}',
+            "/runs/90": 'X gantry-exit-90.json {"slurm_job_id": "90", "exit_code": 0, "signal": null}',
+            "/runs/91": 'X gantry-exit-91.json {"slurm_job_id": "91", "exit_code": 0, "signal": null}',
         }
     )
     tracked = [(late, "/runs/90"), (early, "/runs/91")]
@@ -239,7 +237,7 @@ def test_sacct_down_lists_the_other_kinds_once_more() -> None:
             raise SlurmCommandError("sacct failed", argv=["sacct"], rc=1, stderr="slurmdbd down")
 
     transport = ListingTransport(
-        {"/runs/94": 'X {"slurm_job_id": "94", "exit_code": 3, "signal": null}'}
+        {"/runs/94": 'X gantry-exit-94.json {"slurm_job_id": "94", "exit_code": 3, "signal": null}'}
     )
     tracked = [(late, "/runs/94"), (early, "/runs/95")]
     views = slurm_views(Down({}, {}), transport, tracked, early=frozenset({"95"}))  # type: ignore[arg-type]
@@ -252,7 +250,9 @@ def test_a_running_early_job_is_not_finished_by_a_stale_exit_record() -> None:
     # Still in the queue and running: nothing is listed, whatever the directory holds.
     job = _running("93")
     client = ViewsClient(queue={"93": SlurmJob(job_id="93", state="RUNNING")}, accounted={})
-    transport = ListingTransport({"/runs/93": 'X {"slurm_job_id": "93", "exit_code": 0}'})
+    transport = ListingTransport(
+        {"/runs/93": 'X gantry-exit-93.json {"slurm_job_id": "93", "exit_code": 0}'}
+    )
     views = slurm_views(client, transport, [(job, "/runs/93")], early=frozenset({"93"}))  # type: ignore[arg-type]
     assert transport.scripts == [] and _apply(job, views).state == "running"
 

@@ -8,6 +8,9 @@ from trainer_testlib import ckpt, cli, launch_ranks, losses, read_lines, tiny_co
 from trainer import checkpoint as ck
 from trainer.data import MarkovSource
 
+# Each test starts torch.distributed ranks or trainer runs: seconds each, so out of make unit.
+pytestmark = pytest.mark.slow
+
 
 def ok(procs):
     for p in procs:

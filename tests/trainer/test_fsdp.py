@@ -26,6 +26,9 @@ from trainer.checkpoint.reshard import RangeReader, ShardLayout
 from trainer.config import ConfigError, validate
 from trainer.model import TinyGPT
 
+# Each test starts torch.distributed ranks or trainer runs: seconds each, so out of make unit.
+pytestmark = pytest.mark.slow
+
 
 def _train(world: int, run: Path, *args: str) -> Path:
     argv = ["train", "--run-dir", str(run), *args]

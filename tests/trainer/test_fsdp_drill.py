@@ -19,6 +19,9 @@ from trainer_testlib import ckpt, cli, drill_ranks, launch_ranks, ok, tiny_confi
 from trainer.drill import reference_from_metrics
 from trainer.schema import verdict_for
 
+# Each test starts torch.distributed ranks or trainer runs: seconds each, so out of make unit.
+pytestmark = pytest.mark.slow
+
 
 def _reference(run: Path, dest: Path) -> Path:
     reference = reference_from_metrics(str(run / "metrics.jsonl"))

@@ -8,6 +8,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
 from trainer_testlib import PY, REPO, run_trainer, sub_env, tiny_config, write_config
 
 from trainer import dist
@@ -23,6 +24,7 @@ def test_a_second_lock_on_the_same_directory_is_refused(tmp_path: Path) -> None:
     assert refusal is not None and "Slurm job 101" in refusal and "n1" in refusal
 
 
+@pytest.mark.slow
 def test_a_duplicate_trainer_exits_4_and_writes_nothing(tmp_path: Path) -> None:
     config = write_config(tmp_path / "config.json", tiny_config(steps=100000, checkpoint_every=0))
     run = tmp_path / "run"

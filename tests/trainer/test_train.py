@@ -1,6 +1,7 @@
 import json
 import math
 
+import pytest
 import torch
 from trainer_testlib import ckpt, cli, losses, read_lines, run_trainer, tiny_config, write_config
 
@@ -125,6 +126,7 @@ def test_async_and_sync_checkpoints_equal_weights_at_their_step(tmp_path):
         assert json.loads((path / "manifest.json").read_text())["async"] is mode
 
 
+@pytest.mark.slow
 def test_killed_mid_write_never_complete_and_latest_falls_back(base_run, tmp_path):
     cfg = write_config(tmp_path / "c.json", tiny_config())
     run = tmp_path / "run"
