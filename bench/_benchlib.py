@@ -8,11 +8,13 @@ Databases: SQLite files under ``var/bench/`` or PostgreSQL databases named
 from __future__ import annotations
 
 import os
+import re
+import socket
 import statistics
 import subprocess
 import sys
 import time
-import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -22,7 +24,9 @@ BENCH_DIR = REPO / "var" / "bench"
 PG_HOST = "127.0.0.1"
 PG_PORT = "5432"
 PG_USER = "postgres"
+# Benches that use the dev cluster or a Celery worker run under ``flock LOCK``.
 LOCK = "/tmp/gantry-devcluster.lock"
+BENCH_NAME = re.compile(r"gantry_bench[a-z0-9_]*")
 
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
@@ -43,8 +47,21 @@ def sqlite_url(name: str) -> str:
 
 
 def _check_bench_name(name: str) -> None:
-    if not name.startswith("gantry_bench"):
+    # Letters, digits and underscores only: the name also travels into psql and dropdb.
+    if not BENCH_NAME.fullmatch(name):
         raise SystemExit(f"refusing to touch database {name!r}: bench databases are gantry_bench*")
+
+
+def _psql(database: str, script: str, /, *, check: bool = True, **variables: str) -> str:
+    """``script`` run by psql on ``database``; ``variables`` are psql variables that the
+    script quotes itself (``:'name'``), so no value is ever pasted into SQL here."""
+    argv = ["psql", "-h", PG_HOST, "-p", PG_PORT, "-U", PG_USER, "-tA"]
+    for key, value in variables.items():
+        argv += ["-v", f"{key}={value}"]
+    done = subprocess.run(
+        [*argv, database], input=script, check=check, capture_output=True, text=True
+    )
+    return done.stdout.strip()
 
 
 def pg_create(name: str, *, fresh: bool = True) -> None:
@@ -52,12 +69,7 @@ def pg_create(name: str, *, fresh: bool = True) -> None:
     base = ["-h", PG_HOST, "-p", PG_PORT, "-U", PG_USER]
     if fresh:
         subprocess.run(["dropdb", *base, "--if-exists", "--force", name], check=True)
-    exists = subprocess.run(
-        ["psql", *base, "-tAc", f"select 1 from pg_database where datname='{name}'", "postgres"],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout.strip()
+    exists = _psql("postgres", "select 1 from pg_database where datname = :'name'", name=name)
     if not exists:
         subprocess.run(["createdb", *base, name], check=True)
 
@@ -70,10 +82,42 @@ def pg_drop(name: str) -> None:
     )
 
 
+def pg_terminate_backends(name: str) -> None:
+    """End the queries still running in bench database ``name`` (a killed web worker's query
+    goes on in PostgreSQL until it ends)."""
+    _check_bench_name(name)
+    _psql(
+        "postgres",
+        "select pg_terminate_backend(pid) from pg_stat_activity "
+        "where datname = :'name' and pid <> pg_backend_pid()",
+        check=False,
+        name=name,
+    )
+
+
 def sqlite_remove(name: str) -> None:
     path = BENCH_DIR / (name + ".sqlite3")
     for suffix in ("", "-wal", "-shm", "-journal"):
         Path(f"{path}{suffix}").unlink(missing_ok=True)
+
+
+def bench_database(engine: str, stem: str) -> tuple[str, str]:
+    """A fresh, empty bench database: PostgreSQL ``gantry_bench_<stem>`` when ``engine`` is
+    ``postgres``, else SQLite ``var/bench/<stem>.sqlite3``. Returns its name and URL."""
+    if engine == "postgres":
+        name = f"gantry_bench_{stem}"
+        pg_create(name)
+        return name, pg_url(name)
+    sqlite_remove(stem)
+    return stem, sqlite_url(stem)
+
+
+def bench_database_drop(engine: str, name: str) -> None:
+    """Remove what ``bench_database`` made."""
+    if engine == "postgres":
+        pg_drop(name)
+    else:
+        sqlite_remove(name)
 
 
 def bench_env(database_url: str) -> dict[str, str]:
@@ -113,7 +157,7 @@ def db_vendor() -> str:
     return connection.vendor
 
 
-# ---------------------------------------------------------------- statistics
+# ---------------------------------------------------------------- statistics and ports
 
 
 def pct(values: list[float], q: float) -> float:
@@ -142,6 +186,13 @@ def table(rows: list[list[Any]], header: list[str]) -> str:
         if n == 0:
             lines.append("  ".join("-" * w for w in widths))
     return "\n".join(lines)
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 # ---------------------------------------------------------------- dev cluster
@@ -236,70 +287,20 @@ def seed(
     nodes: int = 0,
     users: int = 4,
     clusters: int = 2,
-    say: Any = print,
+    say: Callable[[str], object] = print,
 ) -> dict[str, Any]:
     """``jobs`` Job rows across ``users`` researchers and ``clusters`` clusters (bulk_create),
     ``points_per_job`` metric points for each of ``metric_jobs`` of them (raw batch insert:
     COPY on PostgreSQL, executemany on SQLite) and ``nodes`` nodes with 2 GPUs each."""
-    from django.db import connection, transaction
-    from django.db.models import F
+    from django.db import connection
 
-    from jobs.models import Job, MetricPoint
-    from nodes.models import Cluster, Gpu, Node, Switch
+    from jobs.models import Job
 
     started = time.perf_counter()
     owners = [make_user(f"bench-user-{i}", "researchers") for i in range(users)]
     operator = make_user("bench-operator", "operators", staff=True)
-    cluster_rows = []
-    for i in range(clusters):
-        cluster, _ = Cluster.objects.get_or_create(
-            name=f"benchcluster{i}",
-            defaults={
-                "ssh_host": "127.0.0.1",
-                "ssh_port": 1 + i,
-                "ssh_user": "nobody",
-                "workdir": "/nonexistent",
-                "default_partition": "batch",
-                "is_default": i == 0,
-            },
-        )
-        cluster_rows.append(cluster)
-    states = ["completed"] * 6 + ["failed", "cancelled", "running", "pending"]
-    now = datetime.now(tz=UTC)
-    batch: list[Job] = []
-    total = 0
-    with transaction.atomic():
-        for i in range(jobs):
-            state = states[i % len(states)]
-            created = now - timedelta(seconds=jobs - i)
-            batch.append(
-                Job(
-                    owner=owners[i % users],
-                    cluster=cluster_rows[i % clusters],
-                    name=f"bench-job-{i:06d}",
-                    config={"preset": "tiny", "steps": 100},
-                    nodes=1,
-                    tasks_per_node=1,
-                    partition="batch",
-                    state=state,
-                    slurm_job_id=str(100000 + i),
-                    total_steps=100,
-                    last_step=100 if state == "completed" else 50,
-                    files_final=state not in ("running", "pending"),
-                    submitted_at=created,
-                    started_at=created if state != "pending" else None,
-                    ended_at=created if state in ("completed", "failed", "cancelled") else None,
-                    exit_code=0 if state == "completed" else (1 if state == "failed" else None),
-                )
-            )
-            if len(batch) >= 5000:
-                Job.objects.bulk_create(batch)
-                total += len(batch)
-                batch = []
-        if batch:
-            Job.objects.bulk_create(batch)
-        # created_at is auto_now_add: spread it so "newest first" pages are meaningful.
-        Job.objects.filter(owner__in=owners).update(created_at=F("submitted_at"))
+    cluster_rows = _seed_clusters(clusters)
+    _seed_jobs(jobs, owners, cluster_rows)
     t_jobs = time.perf_counter() - started
     # The metric jobs: the newest running ones of user 0 (visible on their pages).
     metric_job_ids = list(
@@ -312,41 +313,10 @@ def seed(
     t_points = time.perf_counter() - t0
     t0 = time.perf_counter()
     if nodes:
-        cluster = cluster_rows[0]
-        leaves = [
-            Switch.objects.get_or_create(cluster=cluster, name=f"leaf{i}")[0]
-            for i in range(max(1, nodes // 32))
-        ]
-        node_objs = [
-            Node(
-                cluster=cluster,
-                name=f"bn{i:05d}",
-                state="idle" if i % 5 else "allocated",
-                cpus_total=64,
-                memory_mb=512000,
-                partitions=["batch"],
-                partitions_text=",batch,",
-                leaf_switch=leaves[i % len(leaves)],
-            )
-            for i in range(nodes)
-        ]
-        Node.objects.bulk_create(node_objs, batch_size=2000)
-        node_ids = list(Node.objects.filter(cluster=cluster).values_list("id", flat=True))
-        Gpu.objects.bulk_create(
-            [
-                Gpu(node_id=nid, index=g, gpu_type="h100", state="allocated" if g else "idle")
-                for nid in node_ids
-                for g in range(2)
-            ],
-            batch_size=5000,
-        )
+        _seed_nodes(cluster_rows[0], nodes)
     t_nodes = time.perf_counter() - t0
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            cursor.execute("ANALYZE")
-    else:
-        with connection.cursor() as cursor:
-            cursor.execute("ANALYZE")
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE")
     say(
         f"# seeded {jobs} jobs in {t_jobs:.1f} s, {len(metric_job_ids) * points_per_job} metric "
         f"points in {t_points:.1f} s, {nodes} nodes in {t_nodes:.1f} s ({connection.vendor})"
@@ -356,82 +326,175 @@ def seed(
         "operator": operator,
         "metric_job_ids": metric_job_ids,
         "clusters": cluster_rows,
-        "MetricPoint": MetricPoint,
     }
 
 
+def _seed_clusters(count: int) -> list[Any]:
+    """``count`` clusters nobody can reach (the web benches never talk to a cluster)."""
+    from nodes.models import Cluster
+
+    rows = []
+    for i in range(count):
+        cluster, _ = Cluster.objects.get_or_create(
+            name=f"benchcluster{i}",
+            defaults={
+                "ssh_host": "127.0.0.1",
+                "ssh_port": 1 + i,
+                "ssh_user": "nobody",
+                "workdir": "/nonexistent",
+                "default_partition": "batch",
+                "is_default": i == 0,
+            },
+        )
+        rows.append(cluster)
+    return rows
+
+
+# Six in ten jobs completed, one each failed, cancelled, running and pending.
+SEED_STATES = ["completed"] * 6 + ["failed", "cancelled", "running", "pending"]
+
+
+def _seed_jobs(count: int, owners: list[Any], clusters: list[Any]) -> None:
+    """``count`` jobs, one second apart, newest last, in batches of 5,000."""
+    from django.db import transaction
+    from django.db.models import F
+
+    from jobs.models import Job
+
+    now = datetime.now(tz=UTC)
+    batch: list[Job] = []
+    with transaction.atomic():
+        for i in range(count):
+            batch.append(_seed_job(i, now - timedelta(seconds=count - i), owners, clusters))
+            if len(batch) >= 5000:
+                Job.objects.bulk_create(batch)
+                batch = []
+        if batch:
+            Job.objects.bulk_create(batch)
+        # created_at is auto_now_add: spread it so "newest first" pages are meaningful.
+        Job.objects.filter(owner__in=owners).update(created_at=F("submitted_at"))
+
+
+def _seed_job(i: int, created: datetime, owners: list[Any], clusters: list[Any]) -> Any:
+    from jobs.models import Job
+
+    state = SEED_STATES[i % len(SEED_STATES)]
+    return Job(
+        owner=owners[i % len(owners)],
+        cluster=clusters[i % len(clusters)],
+        name=f"bench-job-{i:06d}",
+        config={"preset": "tiny", "steps": 100},
+        nodes=1,
+        tasks_per_node=1,
+        partition="batch",
+        state=state,
+        slurm_job_id=str(100000 + i),
+        total_steps=100,
+        last_step=100 if state == "completed" else 50,
+        files_final=state not in ("running", "pending"),
+        submitted_at=created,
+        started_at=created if state != "pending" else None,
+        ended_at=created if state in ("completed", "failed", "cancelled") else None,
+        exit_code=0 if state == "completed" else (1 if state == "failed" else None),
+    )
+
+
+def _seed_nodes(cluster: Any, count: int) -> None:
+    """``count`` nodes (32 a leaf switch, one in five allocated) with 2 GPUs each."""
+    from nodes.models import Gpu, Node, Switch
+
+    leaves = [
+        Switch.objects.get_or_create(cluster=cluster, name=f"leaf{i}")[0]
+        for i in range(max(1, count // 32))
+    ]
+    node_objs = [
+        Node(
+            cluster=cluster,
+            name=f"bn{i:05d}",
+            state="idle" if i % 5 else "allocated",
+            cpus_total=64,
+            memory_mb=512000,
+            partitions=["batch"],
+            partitions_text=",batch,",
+            leaf_switch=leaves[i % len(leaves)],
+        )
+        for i in range(count)
+    ]
+    Node.objects.bulk_create(node_objs, batch_size=2000)
+    node_ids = list(Node.objects.filter(cluster=cluster).values_list("id", flat=True))
+    Gpu.objects.bulk_create(
+        [
+            Gpu(node_id=nid, index=g, gpu_type="h100", state="allocated" if g else "idle")
+            for nid in node_ids
+            for g in range(2)
+        ],
+        batch_size=5000,
+    )
+
+
+METRIC_COLUMNS = [
+    "job_id",
+    "step",
+    "wall_time",
+    "elapsed_s",
+    "loss",
+    "samples_per_s",
+    "tokens_per_s",
+    "step_time_s",
+    "data_time_s",
+    "checkpoint_blocking_s",
+    "world_size",
+]
+METRIC_BASE_TIME = datetime(2025, 1, 1, tzinfo=UTC).timestamp()
+
+
+def _metric_values(step: int) -> tuple[Any, ...]:
+    """One point's columns after ``job_id`` and ``step``: a falling loss, steady rates."""
+    wall = datetime.fromtimestamp(METRIC_BASE_TIME + step * 0.1, tz=UTC)
+    return (wall, step * 0.1, 5.0 / (1 + step * 0.001), 400.0, 25600.0, 0.1, 0.01, 0.0, 1)
+
+
 def insert_metric_points(job_ids: list[Any], points_per_job: int) -> None:
+    """``points_per_job`` points for each job, straight into the table (no ingest)."""
+    from django.db import connection
+
+    for job_id in job_ids:
+        if connection.vendor == "postgresql":
+            _copy_points(job_id, points_per_job)
+        else:
+            _insert_points(job_id, points_per_job)
+
+
+def _copy_points(job_id: Any, points_per_job: int) -> None:
+    """PostgreSQL: one COPY per job."""
     from django.db import connection, transaction
 
-    from jobs.models import Job, MetricPoint
+    from jobs.models import MetricPoint
 
-    base = datetime(2025, 1, 1, tzinfo=UTC).timestamp()
-    columns = [
-        "job_id",
-        "step",
-        "wall_time",
-        "elapsed_s",
-        "loss",
-        "samples_per_s",
-        "tokens_per_s",
-        "step_time_s",
-        "data_time_s",
-        "checkpoint_blocking_s",
-        "world_size",
-    ]
-    table_name = MetricPoint._meta.db_table
-    pk_field = Job._meta.pk
-    for job_id in job_ids:
-        db_job = pk_field.get_db_prep_value(job_id, connection)
-        if connection.vendor == "postgresql":
-            with (
-                transaction.atomic(),
-                connection.cursor() as cursor,
-                cursor.cursor.copy(f"COPY {table_name} ({', '.join(columns)}) FROM STDIN") as copy,
-            ):
-                for step in range(points_per_job):
-                    wall = datetime.fromtimestamp(base + step * 0.1, tz=UTC)
-                    copy.write_row(
-                        (
-                            job_id,
-                            step,
-                            wall,
-                            step * 0.1,
-                            5.0 / (1 + step * 0.001),
-                            400.0,
-                            25600.0,
-                            0.1,
-                            0.01,
-                            0.0,
-                            1,
-                        )
-                    )
-        else:
-            rows = [
-                (
-                    db_job,
-                    step,
-                    connection.ops.adapt_datetimefield_value(
-                        datetime.fromtimestamp(base + step * 0.1, tz=UTC)
-                    ),
-                    step * 0.1,
-                    5.0 / (1 + step * 0.001),
-                    400.0,
-                    25600.0,
-                    0.1,
-                    0.01,
-                    0.0,
-                    1,
-                )
-                for step in range(points_per_job)
-            ]
-            with transaction.atomic(), connection.cursor() as cursor:
-                cursor.executemany(
-                    f"INSERT INTO {table_name} ({', '.join(columns)}) VALUES "
-                    f"({', '.join(['%s'] * len(columns))})",
-                    rows,
-                )
+    copy_sql = f"COPY {MetricPoint._meta.db_table} ({', '.join(METRIC_COLUMNS)}) FROM STDIN"
+    with (
+        transaction.atomic(),
+        connection.cursor() as cursor,
+        cursor.cursor.copy(copy_sql) as copy,
+    ):
+        for step in range(points_per_job):
+            copy.write_row((job_id, step, *_metric_values(step)))
 
 
-def new_uuid() -> uuid.UUID:
-    return uuid.uuid4()
+def _insert_points(job_id: Any, points_per_job: int) -> None:
+    """Other databases (SQLite): Django's bulk_create. No bench seeds points on SQLite today;
+    the PostgreSQL COPY above is the path the web bench's figures depend on."""
+    from jobs.models import MetricPoint
+
+    fields = METRIC_COLUMNS[2:]
+    MetricPoint.objects.bulk_create(
+        (
+            MetricPoint(
+                job_id=job_id,
+                step=step,
+                **dict(zip(fields, _metric_values(step), strict=True)),
+            )
+            for step in range(points_per_job)
+        ),
+        batch_size=5000,
+    )

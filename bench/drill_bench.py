@@ -46,18 +46,9 @@ STACK_ENV = {
 }
 
 
-def sacct_times(dc: object, slurm_id: str) -> dict[str, object]:
+def sacct_times(dc: Any, slurm_id: str) -> dict[str, Any]:
     out = dc.slurm(
-        [
-            "sacct",
-            "-j",
-            slurm_id,
-            "-X",
-            "-n",
-            "-P",
-            "-o",  # type: ignore[attr-defined]
-            "Submit,Start,End,ElapsedRaw,State",
-        ],
+        ["sacct", "-j", slurm_id, "-X", "-n", "-P", "-o", "Submit,Start,End,ElapsedRaw,State"],
         check=False,
     ).stdout.strip()
     if not out:
@@ -79,6 +70,17 @@ def sacct_times(dc: object, slurm_id: str) -> dict[str, object]:
     }
 
 
+def sacct_when_ended(dc: Any, slurm_id: str) -> dict[str, Any]:
+    """sacct's record of a job, waiting up to 10 s for its end (sacct can lag a moment)."""
+    acct = sacct_times(dc, slurm_id)
+    for _ in range(20):
+        if acct.get("end"):
+            break
+        time.sleep(0.5)
+        acct = sacct_times(dc, slurm_id)
+    return acct
+
+
 def read_exit_record(drill: Any) -> dict[str, float] | None:
     """The exit record the drill's batch script wrote (same host: read from disk)."""
     from drills.lifecycle import DRILLS
@@ -91,7 +93,7 @@ def read_exit_record(drill: Any) -> dict[str, float] | None:
         return None
 
 
-def main() -> int:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="2 drills")
     parser.add_argument("--drills", type=int, default=None)
@@ -100,23 +102,20 @@ def main() -> int:
     parser.add_argument("--db", choices=["postgres", "sqlite"], default="postgres")
     parser.add_argument("--keep", action="store_true")
     args = parser.parse_args()
-    drills_n = args.drills or (2 if args.quick else 5)
+    args.drills = args.drills or (2 if args.quick else 5)
+    return args
+
+
+def main() -> int:
+    args = parse_args()
     started_all = time.perf_counter()
     os.environ.update(STACK_ENV)
-    name = "gantry_bench_drill" if args.db == "postgres" else "drill"
-    if args.db == "postgres":
-        lib.pg_create(name)
-        url = lib.pg_url(name)
-    else:
-        lib.sqlite_remove(name)
-        url = lib.sqlite_url(name)
+    name, url = lib.bench_database(args.db, "drill")
     lib.django_setup(url)
     from django.db import connection
-    from rest_framework.test import APIClient
 
     from celery_support import flush_test_broker, start_beat, start_worker
-    from drills.services import restore_drill_start
-    from jobs.models import Job
+    from nodes.slurm.transport import close_all
 
     dc = lib.devcluster()
     dc.wait_quiet()
@@ -129,113 +128,10 @@ def main() -> int:
     worker = start_worker(database_url=url, log_path=logs / "worker.log", extra_env=STACK_ENV)
     beat = start_beat(database_url=url, log_path=logs / "beat.log", extra_env=STACK_ENV)
     print(f"# worker pid {worker.process.pid}, beat pid {beat.process.pid}; db {connection.vendor}")
-    rows = []
-    precise = 0
     slurm_ids: list[str] = []
     try:
-        api = APIClient()
-        api.force_authenticate(user=researcher)
-        t0 = time.perf_counter()
-        response = api.post(
-            "/api/v1/jobs/submit/",
-            {
-                "name": "drill-bench",
-                "partition": dc.default_partition,
-                "nodes": 1,
-                "gpus_per_node": 0,
-                "tasks_per_node": 1,
-                "time_limit_minutes": 10,
-                "config": {
-                    "preset": args.preset,
-                    "steps": args.steps,
-                    "checkpoint_every": 10,
-                    "checkpoint_keep": 10,
-                },
-            },
-            format="json",
-        )
-        assert response.status_code == 202, response.content
-        job_id = response.json()["id"]
-        deadline = time.monotonic() + 240
-        while True:
-            job = Job.objects.get(id=job_id)
-            if job.slurm_job_id and job.slurm_job_id not in slurm_ids:
-                slurm_ids.append(job.slurm_job_id)
-            if job.files_final:
-                break
-            if time.monotonic() > deadline:
-                raise SystemExit(
-                    f"training job not done in 240 s: {job.state}; "
-                    f"worker log: {worker.log()[-2000:]}"
-                )
-            time.sleep(0.5)
-        train_s = time.perf_counter() - t0
-        assert job.state == "completed", (job.state, job.state_reason)
-        checkpoint = job.checkpoints.order_by("step").first()
-        print(
-            f"# training job ({args.preset}, {args.steps} steps): completed, "
-            f"{train_s:.0f} s from submit to files final; drilling checkpoint step "
-            f"{checkpoint.step} ({checkpoint.size_bytes / 1e6:.1f} MB)"
-        )
-        for n in range(drills_n):
-            click = time.time()
-            drill = restore_drill_start(actor=researcher, checkpoint=checkpoint)
-            deadline = time.monotonic() + 180
-            while True:
-                drill.refresh_from_db()
-                if drill.slurm_job_id and drill.slurm_job_id not in slurm_ids:
-                    slurm_ids.append(drill.slurm_job_id)
-                if not drill.is_active:
-                    break
-                if time.monotonic() > deadline:
-                    raise SystemExit(f"drill {drill.id} no verdict in 180 s: {drill.state}")
-                time.sleep(0.05)
-            seen = time.time() - click
-            acct = sacct_times(dc, drill.slurm_job_id)
-            for _ in range(20):  # sacct can lag a moment behind
-                if acct.get("end"):
-                    break
-                time.sleep(0.5)
-                acct = sacct_times(dc, drill.slurm_job_id)
-            total = (drill.finished_at - drill.created_at).total_seconds()
-            submit_part = (drill.submitted_at - drill.created_at).total_seconds()
-            exit_record = read_exit_record(drill)
-            if exit_record:
-                # The batch script's own clock, to the nanosecond: when it started and ended.
-                started = datetime.fromtimestamp(exit_record["started"], tz=UTC)
-                ended = datetime.fromtimestamp(exit_record["ended"], tz=UTC)
-                run = (ended - started).total_seconds()
-                wait = (started - drill.submitted_at).total_seconds()
-                detect = (drill.finished_at - ended).total_seconds()
-                precise += 1
-            else:  # sacct's whole seconds
-                run = float(acct.get("elapsed") or 0)
-                wait = drill.queue_wait_s or 0.0
-                end = acct.get("end")
-                detect = (drill.finished_at - end).total_seconds() if end else float("nan")
-            overhead = total - (run + wait)
-            integrity, load, steps = drill.integrity_s or 0, drill.load_s or 0, drill.steps_s or 0
-            rows.append(
-                {
-                    "n": n + 1,
-                    "verdict": drill.verdict,
-                    "seen": seen,
-                    "total": total,
-                    "wait": wait,
-                    "run": run,
-                    "integrity": integrity,
-                    "load": load,
-                    "steps": steps,
-                    "in_job_other": run - (integrity + load + steps),
-                    "overhead": overhead,
-                    "submit": submit_part,
-                    "detect": detect,
-                }
-            )
-            print(
-                f"  drill {n + 1}: {drill.verdict} in {seen:.1f} s (slurm {drill.slurm_job_id}"
-                f", {acct.get('state')})"
-            )
+        checkpoint = train_job(dc, researcher, args, worker, slurm_ids)
+        rows = [measure_drill(n, dc, researcher, checkpoint, slurm_ids) for n in range(args.drills)]
     finally:
         beat.stop()
         worker.stop()
@@ -243,54 +139,167 @@ def main() -> int:
         left = [i for i in slurm_ids if i]
         if left:
             dc.slurm(["scancel", *left], check=False)  # any still queued (none when all ended)
-        from nodes.slurm.transport import close_all
-
         close_all()
         connection.close()
+    report(rows, args)
+    print(f"total {time.perf_counter() - started_all:.0f} s")
+    if not args.keep:
+        lib.bench_database_drop(args.db, name)
+    return 0
 
-    keys = [
-        "seen",
-        "total",
-        "wait",
-        "run",
-        "integrity",
-        "load",
-        "steps",
-        "in_job_other",
-        "overhead",
-        "submit",
-        "detect",
+
+def train_job(
+    dc: Any, researcher: Any, args: argparse.Namespace, worker: Any, slurm_ids: list[str]
+) -> Any:
+    """The training job, submitted through the API and run to completion; returns its first
+    checkpoint (the one every drill restores)."""
+    from rest_framework.test import APIClient
+
+    from jobs.models import Job
+
+    api = APIClient()
+    api.force_authenticate(user=researcher)
+    t0 = time.perf_counter()
+    response = api.post(
+        "/api/v1/jobs/submit/",
+        {
+            "name": "drill-bench",
+            "partition": dc.default_partition,
+            "nodes": 1,
+            "gpus_per_node": 0,
+            "tasks_per_node": 1,
+            "time_limit_minutes": 10,
+            "config": {
+                "preset": args.preset,
+                "steps": args.steps,
+                "checkpoint_every": 10,
+                "checkpoint_keep": 10,
+            },
+        },
+        format="json",
+    )
+    assert response.status_code == 202, response.content
+    job_id = response.json()["id"]
+    deadline = time.monotonic() + 240
+    while True:
+        job = Job.objects.get(id=job_id)
+        if job.slurm_job_id and job.slurm_job_id not in slurm_ids:
+            slurm_ids.append(job.slurm_job_id)
+        if job.files_final:
+            break
+        if time.monotonic() > deadline:
+            raise SystemExit(
+                f"training job not done in 240 s: {job.state}; worker log: {worker.log()[-2000:]}"
+            )
+        time.sleep(0.5)
+    train_s = time.perf_counter() - t0
+    assert job.state == "completed", (job.state, job.state_reason)
+    checkpoint = job.checkpoints.order_by("step").first()
+    if checkpoint is None:
+        raise SystemExit("the training job completed without a checkpoint")
+    print(
+        f"# training job ({args.preset}, {args.steps} steps): completed, "
+        f"{train_s:.0f} s from submit to files final; drilling checkpoint step "
+        f"{checkpoint.step} ({checkpoint.size_bytes / 1e6:.1f} MB)"
+    )
+    return checkpoint
+
+
+def measure_drill(
+    n: int, dc: Any, researcher: Any, checkpoint: Any, slurm_ids: list[str]
+) -> dict[str, Any]:
+    """Drill ``n``: started as a click would, watched until its verdict, then timed."""
+    from drills.services import restore_drill_start
+
+    click = time.time()
+    drill = restore_drill_start(actor=researcher, checkpoint=checkpoint)
+    deadline = time.monotonic() + 180
+    while True:
+        drill.refresh_from_db()
+        if drill.slurm_job_id and drill.slurm_job_id not in slurm_ids:
+            slurm_ids.append(drill.slurm_job_id)
+        if not drill.is_active:
+            break
+        if time.monotonic() > deadline:
+            raise SystemExit(f"drill {drill.id} no verdict in 180 s: {drill.state}")
+        time.sleep(0.05)
+    seen = time.time() - click
+    acct = sacct_when_ended(dc, drill.slurm_job_id)
+    row = drill_timings(drill, acct)
+    row.update(n=n + 1, verdict=drill.verdict, seen=seen)
+    print(
+        f"  drill {n + 1}: {drill.verdict} in {seen:.1f} s (slurm {drill.slurm_job_id}"
+        f", {acct.get('state')})"
+    )
+    return row
+
+
+def drill_timings(drill: Any, acct: dict[str, Any]) -> dict[str, Any]:
+    """Where a finished drill's time went (seconds), from its own record and its Slurm
+    job's: the batch script's exit record where there is one, else sacct."""
+    assert drill.created_at and drill.submitted_at and drill.finished_at, drill.id
+    total = (drill.finished_at - drill.created_at).total_seconds()
+    exit_record = read_exit_record(drill)
+    if exit_record:
+        # The batch script's own clock, to the nanosecond: when it started and ended.
+        started = datetime.fromtimestamp(exit_record["started"], tz=UTC)
+        ended = datetime.fromtimestamp(exit_record["ended"], tz=UTC)
+        run = (ended - started).total_seconds()
+        wait = (started - drill.submitted_at).total_seconds()
+        detect = (drill.finished_at - ended).total_seconds()
+    else:  # sacct's whole seconds
+        run = float(acct.get("elapsed") or 0)
+        wait = drill.queue_wait_s or 0.0
+        end = acct.get("end")
+        detect = (drill.finished_at - end).total_seconds() if end else float("nan")
+    integrity, load, steps = drill.integrity_s or 0, drill.load_s or 0, drill.steps_s or 0
+    return {
+        "precise": exit_record is not None,
+        "total": total,
+        "wait": wait,
+        "run": run,
+        "integrity": integrity,
+        "load": load,
+        "steps": steps,
+        "in_job_other": run - (integrity + load + steps),
+        "overhead": total - (run + wait),
+        "submit": (drill.submitted_at - drill.created_at).total_seconds(),
+        "detect": detect,
+    }
+
+
+# The table's timing columns, in order, with their headings.
+COLUMNS = {
+    "seen": "click->verdict seen",
+    "total": "created->finished",
+    "wait": "queue wait",
+    "run": "slurm run",
+    "integrity": "integrity",
+    "load": "load",
+    "steps": "steps",
+    "in_job_other": "in-job other",
+    "overhead": "gantry overhead",
+    "submit": "of which click->sbatch",
+    "detect": "slurm end->verdict",
+}
+
+
+def report(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
+    keys = list(COLUMNS)
+    table_rows: list[list[Any]] = [
+        [r["n"], r["verdict"]] + [f"{r[k]:.2f}" for k in keys] for r in rows
     ]
-    table_rows = [[r["n"], r["verdict"]] + [f"{r[k]:.2f}" for k in keys] for r in rows]
     table_rows.append(["median", ""] + [f"{lib.med([r[k] for r in rows]):.2f}" for k in keys])
     print(
         f"\n# drill bench: {len(rows)} drills of a {args.preset} checkpoint, 5 steps, 1 node x "
         f"1 task, dev cluster, worker --pool=solo + beat, reconcile interval 1 s; "
         f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}; seconds"
     )
-    print(
-        lib.table(
-            table_rows,
-            [
-                "drill",
-                "verdict",
-                "click->verdict seen",
-                "created->finished",
-                "queue wait",
-                "slurm run",
-                "integrity",
-                "load",
-                "steps",
-                "in-job other",
-                "gantry overhead",
-                "of which click->sbatch",
-                "slurm end->verdict",
-            ],
-        )
-    )
+    print(lib.table(table_rows, ["drill", "verdict", *COLUMNS.values()]))
     total = lib.med([r["total"] for r in rows])
     overhead = lib.med([r["overhead"] for r in rows])
     share = overhead / total if total else float("nan")
+    precise = sum(1 for r in rows if r["precise"])
     print(
         f"(slurm run and queue wait from the batch script's own start/end times in its exit "
         f"record, to the nanosecond, for {precise} of {len(rows)} drills; else sacct's whole "
@@ -305,13 +314,6 @@ def main() -> int:
         f"goal total <= 30 s: {'MET' if total <= 30 else 'NOT MET'} (median {total:.2f} s; "
         f"all passed: {all(r['verdict'] == 'passed' for r in rows)})"
     )
-    print(f"total {time.perf_counter() - started_all:.0f} s")
-    if not args.keep:
-        if args.db == "postgres":
-            lib.pg_drop(name)
-        else:
-            lib.sqlite_remove(name)
-    return 0
 
 
 if __name__ == "__main__":

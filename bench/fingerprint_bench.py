@@ -105,6 +105,50 @@ def drill_load(session: Session, path: Path, *, fingerprints: bool) -> float:
     return time.perf_counter() - t0
 
 
+def blocking_reps(
+    session: Session, config: dict[str, Any], work: Path, reps: int, saves: int
+) -> tuple[list[dict[str, float]], list[dict[str, float]]]:
+    """Blocking runs without and with fingerprints, alternating; (with, without)."""
+    with_fp, without = [], []
+    for i in range(reps):
+        without.append(
+            blocking_run(session, config, work / f"a{i}", fingerprints=False, saves=saves)
+        )
+        with_fp.append(
+            blocking_run(session, config, work / f"b{i}", fingerprints=True, saves=saves)
+        )
+        print(
+            f"  rep {i}: blocking {with_fp[-1]['blocked_s'] * 1e3:.1f} ms with vs "
+            f"{without[-1]['blocked_s'] * 1e3:.1f} ms without; step "
+            f"{with_fp[-1]['step_s'] * 1e3:.0f} vs {without[-1]['step_s'] * 1e3:.0f} ms; "
+            f"fingerprint in the writer {with_fp[-1]['fingerprint_s'] * 1e3:.0f} ms",
+            flush=True,
+        )
+    return with_fp, without
+
+
+def load_reps(
+    session: Session, config: dict[str, Any], work: Path, reps: int
+) -> tuple[list[float], list[float]]:
+    """One checkpoint loaded again and again, without and with fingerprints, alternating;
+    (with, without)."""
+    root = work / "load"
+    writer = ck.CheckpointWriter(str(root), 0, 1, "bench", False, 5)
+    writer.save(1, session.snapshot, {"config": config})
+    path = root / "step-000001"
+    nbytes = ck.load_manifest(str(path))["total_bytes"]
+    loads_with, loads_without = [], []
+    for i in range(reps):
+        loads_without.append(drill_load(session, path, fingerprints=False))
+        loads_with.append(drill_load(session, path, fingerprints=True))
+        print(
+            f"  rep {i}: drill load {loads_with[-1] * 1e3:.0f} ms with vs "
+            f"{loads_without[-1] * 1e3:.0f} ms without ({nbytes / 1e6:.0f} MB)",
+            flush=True,
+        )
+    return loads_with, loads_without
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
@@ -118,46 +162,31 @@ def main() -> int:
         session, config = make_session(args.quick)
         fingerprint.prepare().join()
         print(f"# fingerprint bench: {session.n_params / 1e6:.1f}M params, {reps} reps")
-        with_fp, without = [], []
-        for i in range(reps):
-            without.append(
-                blocking_run(session, config, work / f"a{i}", fingerprints=False, saves=saves)
-            )
-            with_fp.append(
-                blocking_run(session, config, work / f"b{i}", fingerprints=True, saves=saves)
-            )
-            print(
-                f"  rep {i}: blocking {with_fp[-1]['blocked_s'] * 1e3:.1f} ms with vs "
-                f"{without[-1]['blocked_s'] * 1e3:.1f} ms without; step "
-                f"{with_fp[-1]['step_s'] * 1e3:.0f} vs {without[-1]['step_s'] * 1e3:.0f} ms; "
-                f"fingerprint in the writer {with_fp[-1]['fingerprint_s'] * 1e3:.0f} ms",
-                flush=True,
-            )
-        # One checkpoint to load again and again.
-        root = work / "load"
-        writer = ck.CheckpointWriter(str(root), 0, 1, "bench", False, 5)
-        writer.save(1, session.snapshot, {"config": config})
-        path = root / "step-000001"
-        nbytes = ck.load_manifest(str(path))["total_bytes"]
-        loads_with, loads_without = [], []
-        for i in range(reps):
-            loads_without.append(drill_load(session, path, fingerprints=False))
-            loads_with.append(drill_load(session, path, fingerprints=True))
-            print(
-                f"  rep {i}: drill load {loads_with[-1] * 1e3:.0f} ms with vs "
-                f"{loads_without[-1] * 1e3:.0f} ms without ({nbytes / 1e6:.0f} MB)",
-                flush=True,
-            )
+        with_fp, without = blocking_reps(session, config, work, reps, saves)
+        loads_with, loads_without = load_reps(session, config, work, reps)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    report(with_fp, without, loads_with, loads_without)
+    writer_s = statistics.median(r["fingerprint_s"] for r in with_fp)
+    print(
+        f"full fingerprint in the writer thread: {writer_s * 1e3:.0f} ms per save "
+        f"(off the training thread); total {time.perf_counter() - t_all:.0f} s"
+    )
+    return 0
 
+
+def report(
+    with_fp: list[dict[str, float]],
+    without: list[dict[str, float]],
+    loads_with: list[float],
+    loads_without: list[float],
+) -> None:
     def ratio(a: list[float], b: list[float]) -> float:
         return statistics.median(x / y for x, y in zip(a, b, strict=True))
 
     blocking = ratio([r["blocked_s"] for r in with_fp], [r["blocked_s"] for r in without])
     steps = ratio([r["step_s"] for r in with_fp], [r["step_s"] for r in without])
     load = ratio(loads_with, loads_without)
-    writer_s = statistics.median(r["fingerprint_s"] for r in with_fp)
     print()
     print(f"{'measure':34s} {'with':>9s} {'without':>9s} {'ratio':>7s}  goal")
     rows = [
@@ -189,11 +218,6 @@ def main() -> int:
     for name, a, b, r, goal, ok in rows:
         verdict = "" if ok is None else ("PASS" if ok else "FAIL")
         print(f"{name:34s} {a:9.1f} {b:9.1f} {r:7.3f}  {goal} {verdict}")
-    print(
-        f"full fingerprint in the writer thread: {writer_s * 1e3:.0f} ms per save "
-        f"(off the training thread); total {time.perf_counter() - t_all:.0f} s"
-    )
-    return 0
 
 
 if __name__ == "__main__":

@@ -23,7 +23,6 @@ import argparse
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import tempfile
@@ -34,6 +33,9 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+import _benchlib as lib  # noqa: E402
 
 # 50M parameters in 16 blocks: a block (the unit FSDP gathers) is 1/16 of the model, and
 # the fixed cost of the distributed machinery (~27 MiB a rank, measured) is small next to it.
@@ -133,15 +135,9 @@ def worker(strategy: str, model: dict[str, Any], out: str) -> None:
 # ---------------------------------------------------------------- the launcher
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def launch(world: int, strategy: str, model: dict[str, Any], scratch: Path) -> list[dict]:
     out = scratch / f"{strategy}-{world}"
-    port = str(_free_port())
+    port = str(lib.free_port())
     base = {
         k: v
         for k, v in os.environ.items()

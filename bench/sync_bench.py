@@ -1,16 +1,20 @@
 """Inventory sync cost against the dev cluster: SSH connections and remote commands.
 
-    .venv/bin/python bench/sync_bench.py [--cycles 100] [--env var/devcluster/gantry.env]
+    flock /tmp/gantry-devcluster.lock .venv/bin/python bench/sync_bench.py [--cycles 100] \
+        [--env var/devcluster/gantry.env]
 
 Runs N inventory sync cycles (what the node-sync task does: SlurmClient.inventory())
 through one pooled transport and prints connections opened per 100 cycles (goal: 1
 while the link is healthy), remote commands per cycle (goal: constant) and the
-cycle wall time median / p95.
+cycle wall time median / p95. The dev cluster's ``gantry.env`` is read from
+``$DEVCLUSTER_DIR`` when set (as the tests and ``scripts/devcluster`` do), else from
+var/devcluster/.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -36,7 +40,8 @@ def read_env(path: Path) -> dict[str, str]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cycles", type=int, default=100)
-    parser.add_argument("--env", type=Path, default=REPO / "var" / "devcluster" / "gantry.env")
+    devcluster_dir = Path(os.environ.get("DEVCLUSTER_DIR") or REPO / "var" / "devcluster")
+    parser.add_argument("--env", type=Path, default=devcluster_dir / "gantry.env")
     args = parser.parse_args()
     env = read_env(args.env)
     config = SshConfig(

@@ -14,17 +14,19 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
 
+import _benchlib as lib  # noqa: E402
 import torch  # noqa: E402
 
 from trainer import checkpoint as ck  # noqa: E402
@@ -174,12 +176,6 @@ def matmul_peak(threads: int, dtype: torch.dtype, seconds: float) -> float:
     return best
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def train_run(
     work: Path, name: str, world: int, cfg: dict, threads: int, cpus: list[str] | None = None
 ) -> dict[str, float]:
@@ -189,7 +185,7 @@ def train_run(
     run = work / name
     cfgp = work / f"{name}.json"
     cfgp.write_text(json.dumps(cfg))
-    port = str(free_port())
+    port = str(lib.free_port())
     procs = []
     for r in range(world):
         env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "RANK"))}
@@ -244,6 +240,31 @@ def train_run(
     }
 
 
+def throughput_runs(work: Path, quick: bool, cores: int) -> dict[str, Any]:
+    """The matmul peaks, then a small model trained by 1 process, by 2 ranks (gloo) at the
+    same per-rank batch, and by 1 process in bf16."""
+    peak32 = matmul_peak(cores, torch.float32, 1.0 if quick else 2.0)
+    peak16 = matmul_peak(cores, torch.bfloat16, 1.0 if quick else 2.0)
+    model = {
+        "vocab_size": 64,
+        "d_model": 128,
+        "n_layers": 2,
+        "n_heads": 4,
+        "seq_len": 64,
+        "batch_size": 16,
+        "steps": 25 if quick else 50,
+        "checkpoint_every": 0,
+        "data": {"order": 1},
+    }
+    return {
+        "peak32": peak32,
+        "peak16": peak16,
+        "one": train_run(work, "w1-fp32", 1, model, cores),
+        "two": train_run(work, "w2-fp32", 2, model, max(1, cores // 2)),
+        "bf": train_run(work, "w1-bf16", 1, {**model, "precision": "bf16"}, cores),
+    }
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
@@ -261,26 +282,26 @@ def main() -> int:
             f"checkpoint: {c['ckpt_bytes'] / MB:.1f} MB ({c['params'] / 1e6:.1f}M params)",
             flush=True,
         )
-        peak32 = matmul_peak(cores, torch.float32, 1.0 if args.quick else 2.0)
-        peak16 = matmul_peak(cores, torch.bfloat16, 1.0 if args.quick else 2.0)
-        steps = 25 if args.quick else 50
-        model = {
-            "vocab_size": 64,
-            "d_model": 128,
-            "n_layers": 2,
-            "n_heads": 4,
-            "seq_len": 64,
-            "batch_size": 16,
-            "steps": steps,
-            "checkpoint_every": 0,
-            "data": {"order": 1},
-        }
-        one = train_run(work, "w1-fp32", 1, model, cores)
-        two = train_run(work, "w2-fp32", 2, model, max(1, cores // 2))
-        bf = train_run(work, "w1-bf16", 1, {**model, "precision": "bf16"}, cores)
+        t = throughput_runs(work, args.quick, cores)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    rows = [
+    print_rows(result_rows(c, t))
+    two = t["two"]
+    print(
+        f"\n2-rank tokens/s {two['tokens_per_s']:.0f}; 2-rank MFU "
+        f"{two['tokens_per_s'] * two['flops_per_token'] / t['peak32']:.3f}; cache drop: "
+        f"{'drop_caches' if c['cache_drop'] else 'posix_fadvise'}; "
+        f"total {time.perf_counter() - t_all:.0f}s"
+    )
+    return 0
+
+
+def result_rows(
+    c: dict[str, float], t: dict[str, Any]
+) -> list[tuple[str, float, str, float, float, str]]:
+    """(measure, value, baseline, its value, ratio, goal) per row of the table."""
+    one, two, bf, peak32, peak16 = t["one"], t["two"], t["bf"], t["peak32"], t["peak16"]
+    return [
         (
             "save MB/s (durable, sync)",
             c["save_mbs"],
@@ -338,6 +359,9 @@ def main() -> int:
             "info",
         ),
     ]
+
+
+def print_rows(rows: list[tuple[str, float, str, float, float, str]]) -> None:
     print("\nvalues: medians over the reps; checkpoint ratios: median of the per-rep ratios")
     print(f"{'measure':28} {'value':>10}   {'baseline':26} {'value':>10}  {'ratio':>6}  goal")
     for a, av, b, bv, r, goal in rows:
@@ -347,13 +371,6 @@ def main() -> int:
         elif goal.startswith("<="):
             ok = "PASS" if r <= float(goal[3:]) else "FAIL"
         print(f"{a:28} {av:10.4g}   {b:26} {bv:10.4g}  {r:6.3f}  {goal} {ok}")
-    print(
-        f"\n2-rank tokens/s {two['tokens_per_s']:.0f}; 2-rank MFU "
-        f"{two['tokens_per_s'] * two['flops_per_token'] / peak32:.3f}; cache drop: "
-        f"{'drop_caches' if c['cache_drop'] else 'posix_fadvise'}; "
-        f"total {time.perf_counter() - t_all:.0f}s"
-    )
-    return 0
 
 
 if __name__ == "__main__":
