@@ -43,7 +43,6 @@ def seed_or_reuse(args: argparse.Namespace) -> Seeded:
     lib.django_setup(lib.pg_url(DB))
     from django.contrib.auth.models import User
     from django.db import connection
-    from rest_framework.authtoken.models import Token
 
     from jobs.models import Job, MetricPoint
     from nodes.models import Node
@@ -66,8 +65,8 @@ def seed_or_reuse(args: argparse.Namespace) -> Seeded:
         operator_cookies={
             backend: cookies[0] for backend, cookies in _session_cookies(operator, 1).items()
         },
-        token=Token.objects.get_or_create(user=owner)[0].key,
-        operator_token=Token.objects.get_or_create(user=operator)[0].key,
+        token=_key_for_both_trees(owner),
+        operator_token=_key_for_both_trees(operator),
         metric_jobs=metric_jobs,
         drill=drill,
         counts={
@@ -78,6 +77,37 @@ def seed_or_reuse(args: argparse.Namespace) -> Seeded:
     )
     connection.close()
     return seeded
+
+
+def _key_for_both_trees(user: Any) -> str:
+    """One API key both trees accept as ``Token <key>``: the baseline reads DRF's authtoken
+    table (left in place, empty, by migration core 0004), this tree a legacy Gantry token
+    of the same key (what that migration makes of a DRF key)."""
+    from django.db import connection
+
+    from core.models import ApiToken
+
+    key = secrets.token_hex(20)
+    ApiToken.objects.create(
+        user=user,
+        name="web bench",
+        prefix=key[: ApiToken.LEGACY_SHOWN_PREFIX_LENGTH],
+        key_hash=ApiToken.hash_secret(key),
+        legacy=True,
+    )
+    with connection.cursor() as cursor:
+        # DRF's table as its migrations make it (a database made by this tree lacks it).
+        cursor.execute(
+            "CREATE TABLE IF NOT EXISTS authtoken_token (key varchar(40) PRIMARY KEY, "
+            "created timestamp with time zone NOT NULL, "
+            "user_id integer NOT NULL UNIQUE REFERENCES auth_user (id))"
+        )
+        cursor.execute("DELETE FROM authtoken_token WHERE user_id = %s", [user.pk])
+        cursor.execute(
+            "INSERT INTO authtoken_token (key, user_id, created) VALUES (%s, %s, now())",
+            [key, user.pk],
+        )
+    return key
 
 
 def _running_metric_jobs() -> list[str]:

@@ -22,7 +22,8 @@ What is exported, every series labelled by cluster name:
 - ``gantry_goodput_ratio{cluster}`` and ``gantry_goodput_seconds{cluster,bucket}``: the
   goodput ledger (``jobs.goodput.ledger``) of the jobs that ended in the last 7 days or run now:
   productive / wall, and the seconds of every bucket. Absent for a cluster without such jobs.
-  Computed again at most once a minute (``GOODPUT_CACHE_SECONDS``): it sums a week of jobs.
+  Computed again at most once a minute (``core.cache``'s ``METRICS_GOODPUT``): it sums a
+  week of jobs.
 - ``gantry_submit_backlog{cluster,kind}``: jobs and drills queued for, or in, submission
   (the Celery submit work; Gantry keeps it in the database, so no broker is asked).
 - ``gantry_cluster_*``: inventory sync and accounting (sacct) health from the cluster row.
@@ -32,11 +33,17 @@ What is exported, every series labelled by cluster name:
   timings the Celery workers record per watcher cycle in the shared ``worker_stats`` cache
   (see ``core.worker_stats``; the SSH numbers are those of the watcher's commands, which
   are most of Gantry's SSH traffic).
+- ``gantry_cache_hits_total{cache}`` and ``gantry_cache_misses_total{cache}``: reads of
+  ``core.cache`` per cached thing (``cache`` is its name: ``job_figures``, ...) in every web
+  and worker process, as the processes record them (each adds its counts every few
+  seconds). A miss is computed; with Redis down every read is a miss. Absent when the
+  counts cannot be read.
 
 One custom collector on a private registry (not prometheus_client's global one, so
 nothing else in the process leaks in) runs a fixed number of queries per scrape, however
 many jobs and drills there are: seven or eight to the database (the goodput window reads
-the ends of jobs resumed from outside it only when there are such) and one cache read.
+the ends of jobs resumed from outside it only when there are such) and three cache reads
+(the goodput window, the worker timings, the cache counts).
 """
 
 from __future__ import annotations
@@ -50,7 +57,6 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.core.cache import cache
 from django.db.models import Count, OuterRef, Q, Subquery
 from django.db.models.functions import Coalesce
 from django.http import HttpRequest, HttpResponse
@@ -65,13 +71,15 @@ from prometheus_client.core import (
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import CollectorRegistry
 
-from core import worker_stats
+from core import cache, worker_stats
+from core.ratelimit import client_address
 from drills.models import RestoreDrill
 from jobs.goodput import ledger as goodput
 from jobs.goodput.fleet import goodput_by_cluster
 from jobs.goodput.work_at_risk import ClusterRisk, work_at_risk, work_at_risk_by_cluster
 from jobs.models import Checkpoint, Job
 from nodes.models import Cluster
+from recovery.selectors import incident_counts, suspect_counts
 
 logger = logging.getLogger(__name__)
 
@@ -80,8 +88,6 @@ SUBMIT_BACKLOG_DRILL_STATES = (RestoreDrill.State.QUEUED, RestoreDrill.State.SUB
 NO_VERDICT = "none"
 # The goodput ratio covers the jobs that ended this recently, and those running.
 GOODPUT_WINDOW = timedelta(days=7)
-# The goodput figures are computed again at most this often (see ``_goodput_window``).
-GOODPUT_CACHE_SECONDS = 60
 
 
 @dataclass
@@ -110,10 +116,15 @@ class FleetSnapshot:
     # cluster id -> the oldest proven-checkpoint age among its running jobs
     oldest_proven_age: dict[int, float] = field(default_factory=dict)
     goodput: dict[int, goodput.Ledger] = field(default_factory=dict)
+    # None when the counts could not be read
+    cache_counts: dict[str, cache.CacheCounts] | None = None
+    # (cluster id, signal, outcome) -> incidents; cluster id -> suspect nodes
+    incidents: dict[tuple[int, str, str], int] = field(default_factory=dict)
+    suspects: dict[int, int] = field(default_factory=dict)
 
 
 def fleet_snapshot() -> FleetSnapshot:
-    """Everything /metrics exports, in a fixed number of queries and one cache read."""
+    """Everything /metrics exports, in a fixed number of queries and cache reads."""
     snapshot = FleetSnapshot()
     clusters = list(
         Cluster.objects.order_by("id").values(
@@ -175,22 +186,26 @@ def fleet_snapshot() -> FleetSnapshot:
         snapshot.oldest_proven_age[risk.cluster_id] = max(oldest, risk.proven.age_s)
     snapshot.goodput = _goodput_window(clusters)
     snapshot.worker = worker_stats.worker_stats_for_clusters(list(snapshot.clusters))
+    snapshot.cache_counts = cache.cache_counts()
+    snapshot.incidents = incident_counts()
+    snapshot.suspects = suspect_counts()
     return snapshot
 
 
 def _goodput_window(clusters: Sequence[Mapping[str, Any]]) -> dict[int, goodput.Ledger]:
-    """``goodput_by_cluster`` over ``GOODPUT_WINDOW``, reused for up to
-    ``GOODPUT_CACHE_SECONDS``: it sums the ledgers of a week of jobs, and a scrape every
-    few seconds need not. The key names the clusters (their ids and creation times)."""
-    key = "metrics-goodput:" + ",".join(
-        f"{row['id']}@{row['created_at'].timestamp()}" for row in clusters
-    )
-    ledgers = cache.get(key)
-    if ledgers is None:
+    """``goodput_by_cluster`` over ``GOODPUT_WINDOW``, reused for ``core.cache``'s lifetime
+    of ``METRICS_GOODPUT``: it sums the ledgers of a week of jobs, and a scrape every few
+    seconds need not. The key names the clusters (their ids and creation times)."""
+
+    def ledgers() -> dict[int, goodput.Ledger]:
         now = timezone.now()
-        ledgers = goodput_by_cluster(jobs=Job.objects.all(), since=now - GOODPUT_WINDOW, now=now)
-        cache.set(key, ledgers, timeout=GOODPUT_CACHE_SECONDS)
-    return ledgers  # type: ignore[no-any-return]
+        return goodput_by_cluster(jobs=Job.objects.all(), since=now - GOODPUT_WINDOW, now=now)
+
+    return cache.get_or_set(
+        cache.METRICS_GOODPUT,
+        cache.key_metrics_goodput(clusters=[(row["id"], row["created_at"]) for row in clusters]),
+        ledgers,
+    )
 
 
 class GantryCollector:
@@ -208,6 +223,8 @@ class GantryCollector:
         yield from _goodput_metrics(snapshot)
         yield from _cluster_metrics(snapshot)
         yield from _worker_metrics(snapshot)
+        yield from _cache_metrics(snapshot)
+        yield from _recovery_metrics(snapshot)
 
 
 def _job_metrics(snapshot: FleetSnapshot) -> Iterator[Metric]:
@@ -427,6 +444,46 @@ def _worker_metrics(snapshot: FleetSnapshot) -> Iterator[Metric]:
     yield from (cycle, last_cycle, cycle_failures, ssh, ssh_errors)
 
 
+def _cache_metrics(snapshot: FleetSnapshot) -> Iterator[Metric]:
+    if snapshot.cache_counts is None:
+        return
+    hits = CounterMetricFamily(
+        "gantry_cache_hits",
+        "Reads of a cached thing (core.cache) that found it, in every process.",
+        labels=["cache"],
+    )
+    misses = CounterMetricFamily(
+        "gantry_cache_misses",
+        "Reads of a cached thing (core.cache) that computed it (every read with Redis down).",
+        labels=["cache"],
+    )
+    for name, counts in sorted(snapshot.cache_counts.items()):
+        hits.add_metric([name], counts.hits)
+        misses.add_metric([name], counts.misses)
+    yield from (hits, misses)
+
+
+def _recovery_metrics(snapshot: FleetSnapshot) -> Iterator[Metric]:
+    names = {cluster_id: row.name for cluster_id, row in snapshot.clusters.items()}
+    incidents = CounterMetricFamily(
+        "gantry_incidents",
+        "Recovery incidents by cluster, signal (crash, hang, ...) and outcome.",
+        labels=["cluster", "signal", "outcome"],
+    )
+    for (cluster_id, signal, outcome), count in sorted(snapshot.incidents.items()):
+        if cluster_id in names:
+            incidents.add_metric([names[cluster_id], signal, outcome], count)
+    yield incidents
+    suspects = GaugeMetricFamily(
+        "gantry_suspect_nodes",
+        "Nodes the evidence of incidents points at, not cleared by an operator.",
+        labels=["cluster"],
+    )
+    for cluster_id, name in sorted(names.items()):
+        suspects.add_metric([name], snapshot.suspects.get(cluster_id, 0))
+    yield suspects
+
+
 def _seconds(microseconds: int) -> float:
     return microseconds / 1_000_000
 
@@ -466,9 +523,10 @@ def metrics_access_refusal(request: HttpRequest) -> HttpResponse | None:
         # misconfiguration worth seeing.
         if token and hmac.compare_digest(credential.encode(), token.encode()):
             return None
-        logger.warning("/metrics: wrong bearer token from %s", request.META.get("REMOTE_ADDR"))
+        logger.warning("/metrics: wrong bearer token from %s", client_address(request))
         return _text(403, "Wrong metrics token.")
-    if _address_allowed(request.META.get("REMOTE_ADDR")):
+    # Behind the trusted proxy the peer is the proxy: the client's own address decides.
+    if _address_allowed(client_address(request)):
         return None
     response = _text(401, "Send Authorization: Bearer <GANTRY_METRICS_TOKEN>.")
     response["WWW-Authenticate"] = 'Bearer realm="gantry-metrics"'

@@ -4,11 +4,11 @@ per cluster and week.
 A fixed number of queries however many nodes, jobs and metric points there are: the
 clusters (with each one's waiting jobs), the running jobs with their work at risk, the
 recent failures and the recent drill failures. Two figures that sum much more are reused
-from the cache framework, under keys that name what they were computed from:
+from ``core.cache``, under keys that name what they were computed from:
 
 - node and GPU counts per cluster, computed again after each inventory sync (the cluster's
-  ``last_sync_at`` is in the key) and at least every ``NODE_COUNTS_SECONDS``;
-- the goodput table, computed again at least every ``GOODPUT_WEEKS_SECONDS``.
+  ``last_sync_at`` is in the key) and at least every ``OVERVIEW_NODE_COUNTS`` lifetime;
+- the goodput table, computed again at least every ``OVERVIEW_GOODPUT_WEEKS`` lifetime.
 
 The page says so under each. The rest (the live part) is a snapshot of the fleet reused for
 ``settings.OVERVIEW_SNAPSHOT_SECONDS`` (5 s, the live part's poll interval) by everyone with
@@ -22,17 +22,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.conf import settings
 from django.contrib.auth.decorators import login_required
-from django.core.cache import cache
 from django.db.models import Count, IntegerField, OuterRef, Subquery
 from django.db.models.functions import Coalesce
 from django.http import HttpRequest, HttpResponseBase
 from django.shortcuts import render
 from django.template.loader import render_to_string
 
+from core import cache
+from core.access import request_user
 from core.conditional import etag_for, not_modified, revalidate, static_release
 from core.roles import is_operator
+from core.types import User
 from drills.models import RestoreDrill
 from drills.selectors import restore_drill_list_for_user
 from jobs.goodput.fleet import goodput_by_cluster_week
@@ -44,10 +45,6 @@ from nodes.selectors import ClusterHealth, cluster_health_list, cluster_list
 
 # How many ISO weeks the overview's goodput table shows, this one included.
 OVERVIEW_GOODPUT_WEEKS = 8
-# The longest the overview reuses node and GPU counts (a sync renews them sooner).
-NODE_COUNTS_SECONDS = 30
-# The longest the overview reuses the goodput table.
-GOODPUT_WEEKS_SECONDS = 60
 # The states in which a job waits to run (the "jobs waiting" figure).
 WAITING_STATES = (
     Job.State.QUEUED,
@@ -75,18 +72,17 @@ def _clusters_with_waiting_jobs(jobs: Any) -> list[Cluster]:
 
 def _cluster_health(clusters: list[Cluster]) -> list[ClusterHealth]:
     """``nodes.selectors.cluster_health_list`` for these cluster rows, its counts reused
-    until a cluster syncs again, at most ``NODE_COUNTS_SECONDS``."""
-    key = "overview-node-counts:" + ",".join(
-        f"{c.pk}@{c.created_at.timestamp()}@{c.last_sync_at and c.last_sync_at.timestamp()}"
-        for c in clusters
-    )
-    counts = cache.get(key)
-    if counts is None:
-        counts = {
+    until a cluster syncs again, at most ``core.cache``'s ``OVERVIEW_NODE_COUNTS`` lifetime."""
+    counts = cache.get_or_set(
+        cache.OVERVIEW_NODE_COUNTS,
+        cache.key_overview_node_counts(
+            clusters=[(c.pk, c.created_at, c.last_sync_at) for c in clusters]
+        ),
+        lambda: {
             health.cluster.pk: (health.nodes_by_state, health.gpus_by_type)
             for health in cluster_health_list()
-        }
-        cache.set(key, counts, timeout=NODE_COUNTS_SECONDS)
+        },
+    )
     health = []
     for cluster in clusters:
         nodes_by_state, gpus_by_type = counts.get(cluster.pk, ({}, {}))
@@ -97,7 +93,7 @@ def _cluster_health(clusters: list[Cluster]) -> list[ClusterHealth]:
 
 
 def _overview_context(request: HttpRequest) -> dict[str, Any]:
-    jobs = job_list_for_user(user=request.user)
+    jobs = job_list_for_user(user=request_user(request))
     clusters = _clusters_with_waiting_jobs(jobs)
     running = running_jobs_summary(jobs=jobs)
     drill_failures = list(
@@ -121,7 +117,7 @@ def _overview_context(request: HttpRequest) -> dict[str, Any]:
             "recent_failures": drill_failures,
         },
         "cluster_health": _cluster_health(clusters),
-        "node_counts_seconds": NODE_COUNTS_SECONDS,
+        "node_counts_seconds": cache.lifetime(cache.OVERVIEW_NODE_COUNTS),
         "running_count": running.count,
         "pending_count": sum(cluster.waiting for cluster in clusters),  # type: ignore[attr-defined]
         "recent_failures": list(
@@ -130,7 +126,7 @@ def _overview_context(request: HttpRequest) -> dict[str, Any]:
     }
 
 
-def _viewer_scope(user: Any) -> str:
+def _viewer_scope(user: User) -> str:
     """Who sees the same overview: every operator sees the whole fleet; anyone else only
     their own jobs (their row's id and creation time: a recreated account is a new one)."""
     if is_operator(user):
@@ -144,17 +140,20 @@ def _overview_snapshot(request: HttpRequest) -> dict[str, Any]:
     viewers of the same scope, with ``snapshot_seconds`` and ``snapshot_digest`` (a digest of
     the live part rendered from it, for ETags; role-dependent parts and CSRF tokens are
     added per request, and named in the ETag)."""
-    seconds = settings.OVERVIEW_SNAPSHOT_SECONDS
-    key = f"overview-snapshot:{_viewer_scope(request.user)}"
-    snapshot = cache.get(key) if seconds > 0 else None
-    if snapshot is None:
+
+    def take() -> dict[str, Any]:
         snapshot = _overview_context(request)
-        snapshot["snapshot_seconds"] = seconds
+        snapshot["snapshot_seconds"] = cache.lifetime(cache.OVERVIEW_SNAPSHOT)
         shown = render_to_string("_overview_live.html", {**snapshot, "gantry_role": "operator"})
         snapshot["snapshot_digest"] = etag_for(shown)
-        if seconds > 0:
-            cache.set(key, snapshot, timeout=seconds)
-    return snapshot  # type: ignore[no-any-return]
+        return snapshot
+
+    # Its lifetime is settings.OVERVIEW_SNAPSHOT_SECONDS; 0 takes one on every request.
+    return cache.get_or_set(
+        cache.OVERVIEW_SNAPSHOT,
+        cache.key_overview_snapshot(scope=_viewer_scope(request_user(request))),
+        take,
+    )
 
 
 def _overview_etag(request: HttpRequest, *parts: object) -> str:
@@ -167,28 +166,29 @@ def _overview_etag(request: HttpRequest, *parts: object) -> str:
 
 def _goodput_weeks(request: HttpRequest) -> dict[str, Any]:
     """``goodput_by_cluster_week`` of the jobs this person may see, reused for up to
-    ``GOODPUT_WEEKS_SECONDS``: it sums the ledgers of eight weeks of jobs. The key names
-    the person (their row's id and creation time, and whether they see every job)."""
-    user = request.user
-    joined = getattr(user, "date_joined", None)
-    key = (
-        f"overview-goodput:{user.pk}:{joined and joined.timestamp()}:{is_operator(user)}:"
-        f"{OVERVIEW_GOODPUT_WEEKS}"
-    )
-    table = cache.get(key)
-    if table is None:
-        table = goodput_by_cluster_week(
+    ``core.cache``'s ``OVERVIEW_GOODPUT_WEEKS`` lifetime: it sums the ledgers of eight weeks
+    of jobs. The key names the person (their row's id and creation time, and whether they
+    see every job)."""
+    user = request_user(request)
+    return cache.get_or_set(
+        cache.OVERVIEW_GOODPUT_WEEKS,
+        cache.key_overview_goodput_weeks(
+            user_id=user.pk,
+            user_joined=getattr(user, "date_joined", None),
+            sees_all=is_operator(user),
+            weeks=OVERVIEW_GOODPUT_WEEKS,
+        ),
+        lambda: goodput_by_cluster_week(
             jobs=job_list_for_user(user=user), weeks=OVERVIEW_GOODPUT_WEEKS
-        )
-        cache.set(key, table, timeout=GOODPUT_WEEKS_SECONDS)
-    return table  # type: ignore[no-any-return]
+        ),
+    )
 
 
 @login_required
 def overview(request: HttpRequest) -> HttpResponseBase:
     context = dict(_overview_snapshot(request))
     context["goodput_weeks"] = _goodput_weeks(request)
-    context["goodput_weeks_seconds"] = GOODPUT_WEEKS_SECONDS
+    context["goodput_weeks_seconds"] = cache.lifetime(cache.OVERVIEW_GOODPUT_WEEKS)
     etag = _overview_etag(
         request,
         "page",

@@ -10,6 +10,7 @@ from django.shortcuts import get_object_or_404, render
 
 from console.overview import overview as overview
 from console.overview import overview_live_partial as overview_live_partial
+from core.access import request_user
 from core.roles import is_operator
 from jobs.selectors import job_get_for_user, jobs_on_node
 from nodes.models import Cluster, Node
@@ -17,6 +18,7 @@ from nodes.placement import placement_quality
 from nodes.placement_service import placement_inputs
 from nodes.selectors import cluster_list, switch_tree
 from nodes.slurm.hostlist import expand
+from recovery.selectors import node_incidents
 
 # How far back the node page lists the jobs that ended on the node.
 NODE_RECENT_JOB_DAYS = 7
@@ -27,7 +29,7 @@ def node_detail_page(request: HttpRequest, node_id: int) -> HttpResponse:
     node = get_object_or_404(
         Node.objects.select_related("cluster", "leaf_switch").prefetch_related("gpus"), id=node_id
     )
-    on_node = jobs_on_node(user=request.user, node=node, recent_days=NODE_RECENT_JOB_DAYS)
+    on_node = jobs_on_node(user=request_user(request), node=node, recent_days=NODE_RECENT_JOB_DAYS)
     return render(
         request,
         "nodes/node_detail.html",
@@ -38,6 +40,7 @@ def node_detail_page(request: HttpRequest, node_id: int) -> HttpResponse:
             "recent_jobs": on_node.recent,
             "hidden_running": on_node.hidden_running,
             "recent_days": NODE_RECENT_JOB_DAYS,
+            "suspicions": node_incidents(node=node),
             "can_operate": is_operator(request.user),
         },
     )
@@ -50,7 +53,7 @@ def _topology_highlight(request: HttpRequest) -> dict[str, object]:
     names: list[str] = []
     caption = ""
     if request.GET.get("job"):
-        job = job_get_for_user(user=request.user, job_id=request.GET["job"])
+        job = job_get_for_user(user=request_user(request), job_id=request.GET["job"])
         cluster, names = job.cluster, job.allocated_node_names
         caption = (
             f"Job {job.name}: {job.allocated_nodes}"

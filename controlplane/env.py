@@ -126,6 +126,28 @@ def envnetworks(
     return networks
 
 
+# A list of proxies names the machines in front of Gantry. A network wider than these is
+# more likely a mistake than a fleet of proxies, and every client inside it could choose
+# its own address with X-Forwarded-For.
+_WIDEST_PROXY_PREFIX = {4: 8, 6: 32}
+
+
+def envproxies(
+    name: str, *, environ: Mapping[str, str] | None = None
+) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
+    """The reverse proxies whose ``X-Forwarded-For`` is believed: ``envnetworks``, and no
+    network wider than /8 (IPv4) or /32 (IPv6), ``0.0.0.0/0`` least of all."""
+    networks = envnetworks(name, environ=environ)
+    for network in networks:
+        widest = _WIDEST_PROXY_PREFIX[network.version]
+        if network.prefixlen < widest:
+            raise ImproperlyConfigured(
+                f"{name}: {network} is wider than /{widest}; list the proxies' own addresses "
+                "(every client in a listed network may set its address with X-Forwarded-For)."
+            )
+    return networks
+
+
 def envsecret(name: str, *, environ: Mapping[str, str] | None = None) -> str | None:
     """Read a secret from ``NAME`` or from the file named by ``NAME_FILE``.
 

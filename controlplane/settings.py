@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
+from kombu import Queue
 
 from controlplane import tasknames
 from controlplane.env import (
@@ -19,6 +20,7 @@ from controlplane.env import (
     envint,
     envlist,
     envnetworks,
+    envproxies,
     envsecret,
     envstr,
     redis_url,
@@ -62,7 +64,10 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "django.contrib.humanize",
     "rest_framework",
-    "rest_framework.authtoken",
+    # Not rest_framework.authtoken: its keys became personal API tokens (core.ApiToken,
+    # flagged legacy) in migration core 0004, which reads the old table by name, so the app
+    # need not be installed for it; installed, it would bring back an admin page making
+    # keys that no longer sign anyone in.
     "django_filters",
     "drf_spectacular",
     "drf_spectacular_sidecar",
@@ -73,6 +78,7 @@ INSTALLED_APPS = [
     "runs",
     "jobs",
     "drills",
+    "recovery",
     "watcher",
     "studies",
     "notifications",
@@ -202,6 +208,26 @@ CELERY_TASK_PUBLISH_RETRY_POLICY = {
 }
 CELERY_BROKER_CONNECTION_TIMEOUT = 2
 CELERY_TASK_ALWAYS_EAGER = False
+# Deliveries (webhooks, email) have a queue of their own: an endpoint that answers slowly
+# holds only the workers that consume it, never those that submit jobs and run the
+# watcher. A worker started without -Q consumes every queue listed here; production may
+# run one worker per queue (README, Production).
+CELERY_TASK_DEFAULT_QUEUE = "celery"
+NOTIFICATIONS_QUEUE = "notifications"
+# Certificates for the web processes (nodes.signer): a queue of its own, so a page waits
+# for a signature, not behind a job submission; production may give it a worker of its own.
+SIGNER_QUEUE = "signer"
+# Each bound by its own name: left out, Celery binds every queue with the default routing
+# key, and a message for one queue would land in all of them.
+CELERY_TASK_QUEUES = [
+    Queue(name, routing_key=name)
+    for name in (CELERY_TASK_DEFAULT_QUEUE, NOTIFICATIONS_QUEUE, SIGNER_QUEUE)
+]
+CELERY_TASK_ROUTES = {
+    tasknames.NOTIFICATION_DELIVER: {"queue": NOTIFICATIONS_QUEUE},
+    tasknames.USER_CERTIFICATE_SIGN: {"queue": SIGNER_QUEUE},
+    tasknames.USER_CA_ENSURE: {"queue": SIGNER_QUEUE},
+}
 # How often beat looks for clusters whose next watcher cycle is due.
 RECONCILE_BEAT_TICK_SECONDS = 1.0
 CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
@@ -231,6 +257,14 @@ SSH_COMMAND_TIMEOUT = envint("GANTRY_SSH_COMMAND_TIMEOUT", 60, minimum=1)
 # account is valid, and the SSH connection pool of each worker process (one connection per
 # identity in use, closed when idle; at most so many open to one login node).
 SSH_CERTIFICATE_MINUTES = envint("GANTRY_SSH_CERT_MINUTES", 10, minimum=1, maximum=1440)
+# Who reads the user CA's private key in this process (nodes.signer): "local" (the Celery
+# workers, manage.py) signs with it; "signer" (the web processes: make run and the README's
+# gunicorn line set it) never opens it and asks the signer queue for each certificate.
+CA_KEY_ACCESS = envstr("GANTRY_CA_KEY_ACCESS", "local").strip().lower()
+if CA_KEY_ACCESS not in ("local", "signer"):
+    raise ImproperlyConfigured(
+        f"GANTRY_CA_KEY_ACCESS={CA_KEY_ACCESS!r}: 'local' (workers) or 'signer' (web processes)."
+    )
 SSH_POOL_IDLE_TIMEOUT = envint("GANTRY_SSH_POOL_IDLE_TIMEOUT", 300, minimum=5)
 SSH_POOL_MAX_PER_CLUSTER = envint("GANTRY_SSH_POOL_MAX_PER_CLUSTER", 8, minimum=1, maximum=1000)
 SYNC_INTERVAL_SECONDS = envint("GANTRY_SYNC_INTERVAL", 30, minimum=2)
@@ -265,10 +299,8 @@ DRILL_SUBMIT_RETRIES = envint("GANTRY_DRILL_SUBMIT_RETRIES", 6, minimum=0, maxim
 DJANGO_REDIS_LOG_IGNORED_EXCEPTIONS = True
 
 CACHES = {
-    # What pages reuse (job metrics series, goodput figures, placement verdicts, serialized
-    # API pages): every key names what its value was computed from, so nothing is ever
-    # invalidated, and the gunicorn workers share one copy in Redis. Fail-soft: with Redis
-    # down or slow (short timeouts) a read is a miss and the page computes it again.
+    # Sessions' copies (core.sessions) and anything else on Django's default cache.
+    # Fail-soft: with Redis down or slow (short timeouts) a read is a miss.
     "default": {
         "BACKEND": "django_redis.cache.RedisCache",
         "LOCATION": REDIS_URL,
@@ -279,6 +311,19 @@ CACHES = {
             "SOCKET_CONNECT_TIMEOUT": 0.25,
             "SOCKET_TIMEOUT": 0.25,
         },
+    },
+    # What pages, the API and /metrics compute and reuse (job metrics series, goodput
+    # figures, placement verdicts, rendered API pages, the overview): core.cache, which names
+    # every key and lifetime. Every key names what its value was computed from, so nothing
+    # is ever invalidated, and the gunicorn workers share one copy in Redis. Errors are not
+    # ignored here: core.cache turns them into misses, logs the first, and leaves Redis
+    # alone for a few seconds, so an outage costs no socket timeout per read.
+    "computed": {
+        "BACKEND": "django.core.cache.backends.redis.RedisCache",
+        "LOCATION": REDIS_URL,
+        "KEY_PREFIX": "gantry-cache",
+        "TIMEOUT": 300,
+        "OPTIONS": {"socket_connect_timeout": 0.25, "socket_timeout": 0.25},
     },
     "ratelimit": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL},
     # Watcher and SSH timings, written by the Celery workers and read by /metrics in the
@@ -295,6 +340,10 @@ CACHES = {
 LOGIN_MAX_FAILURES = envint("GANTRY_LOGIN_MAX_FAILURES", 5, minimum=1)
 LOGIN_FAILURE_WINDOW = envint("GANTRY_LOGIN_FAILURE_WINDOW", 300, minimum=10)
 TOKEN_MAX_FAILURES = envint("GANTRY_TOKEN_MAX_FAILURES", 30, minimum=1)
+# The reverse proxies in front of Gantry (CIDR networks). Only a request whose direct peer
+# is one of them has its client address taken from X-Forwarded-For (core.ratelimit); behind
+# a proxy left out of this list, every client shares the proxy's address and its throttles.
+TRUSTED_PROXIES = envproxies("GANTRY_TRUSTED_PROXIES")
 
 # Prometheus metrics at /metrics: refused unless the scraper sends this bearer token or
 # comes from one of these addresses (REMOTE_ADDR; behind a proxy that is the proxy's).
@@ -305,6 +354,14 @@ METRICS_ALLOW = envnetworks("GANTRY_METRICS_ALLOW")
 # addresses, unless listed here (CIDR networks), e.g. an internal receiver.
 WEBHOOK_ALLOW = envnetworks("GANTRY_WEBHOOK_ALLOW")
 WEBHOOK_TIMEOUT_SECONDS = envint("GANTRY_WEBHOOK_TIMEOUT", 5, minimum=1, maximum=60)
+# One POST in all (connect, send, the answer), however slowly an endpoint drips bytes; the
+# deliver task's time limits and its send lease follow from it (notifications.delivery).
+WEBHOOK_DEADLINE_SECONDS = envint(
+    "GANTRY_WEBHOOK_DEADLINE",
+    max(15, WEBHOOK_TIMEOUT_SECONDS),
+    minimum=WEBHOOK_TIMEOUT_SECONDS,
+    maximum=120,
+)
 NOTIFY_RETRY_BASE_SECONDS = envint("GANTRY_NOTIFY_RETRY_BASE", 30, minimum=1, maximum=3600)
 NOTIFY_MAX_ATTEMPTS = envint("GANTRY_NOTIFY_MAX_ATTEMPTS", 8, minimum=1, maximum=50)
 # Links in notifications: absolute when set (https://gantry.example.org), else paths.
@@ -347,8 +404,9 @@ SPECTACULAR_SETTINGS = {
         'Every error has the shape {"message": str, "extra": object}.\n\n'
         "**Authentication.** Send `Authorization: Token <secret>` with a personal API token, "
         "made, listed and revoked at `/account/tokens/` (a name and an optional expiry of at "
-        "most 365 days; the secret is shown once and only its SHA-256 is kept), or a key an "
-        "operator made in the admin; a browser session works too. A revoked, expired or "
+        "most 365 days; the secret is shown once and only its SHA-256 is kept); a key an "
+        "operator made in the admin before these tokens existed still works, listed there "
+        "as a legacy token. A browser session works too. A revoked, expired or "
         "unknown token gets `401` (`Token revoked.`, `Token expired.`, `Invalid token.`); "
         "many bad tokens from one address get `429`.\n\n"
         "Calls that act on a cluster (submit, cancel, hold, release, drills) answer `202` "

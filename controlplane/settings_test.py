@@ -59,6 +59,9 @@ OVERVIEW_SNAPSHOT_SECONDS = 0
 # Login throttling counts in a per-process cache in tests: no shared state between runs.
 CACHES = {
     "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+    # The same store as "default" (the same LOCATION): a test that empties the default
+    # cache empties what pages computed too.
+    "computed": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache", "LOCATION": ""},
     "ratelimit": {
         "BACKEND": "django.core.cache.backends.locmem.LocMemCache",
         "LOCATION": f"ratelimit-{os.getpid()}",

@@ -15,6 +15,9 @@ logger = logging.getLogger(__name__)
 PING = "core.ping"
 CLUSTER_SYNC = "nodes.cluster_sync"
 CLUSTERS_SYNC_DUE = "nodes.clusters_sync_due"
+# The signer queue's (nodes.signer): certificates and the CA's public key for web processes.
+USER_CERTIFICATE_SIGN = "nodes.user_certificate_sign"
+USER_CA_ENSURE = "nodes.user_ca_ensure"
 JOB_SUBMIT = "jobs.submit"
 DRILL_SUBMIT = "drills.submit"
 CHECKPOINT_VERIFY = "drills.checkpoint_verify"
@@ -36,7 +39,9 @@ def task_send(name: str, *args: Any) -> bool:
     from celery import current_app
 
     try:
-        current_app.send_task(name, args=list(args))
+        # Fire and forget: nothing waits for a result, and subscribing for one would make a
+        # publish wait out the result backend's reconnect loop (seconds) while Redis is down.
+        current_app.send_task(name, args=list(args), ignore_result=True)
     except Exception:
         logger.warning("could not enqueue %s%r; a periodic task will pick it up", name, args)
         return False

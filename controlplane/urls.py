@@ -9,7 +9,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import URLPattern, URLResolver, include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from console import exporter, pages
+from console import exporter, pages, recovery_page
 from core.ratelimit import RateLimitedLoginView
 
 api_v1: list[URLPattern | URLResolver] = [
@@ -18,6 +18,7 @@ api_v1: list[URLPattern | URLResolver] = [
     path("", include("studies.api_urls")),
     path("", include("jobs.api_urls")),
     path("", include("drills.api_urls")),
+    path("", include("recovery.api_urls")),
     path("", include("notifications.api_urls")),
 ]
 
@@ -26,6 +27,12 @@ urlpatterns = [
     path("overview/live/", pages.overview_live_partial, name="overview-live"),
     path("nodes/<int:node_id>/", pages.node_detail_page, name="node-detail"),
     path("topology/", pages.topology_page, name="topology"),
+    path("recovery/", recovery_page.recovery_page, name="recovery"),
+    path(
+        "recovery/suspects/<int:node_id>/clear/",
+        recovery_page.suspect_clear_action,
+        name="suspect-clear",
+    ),
     path("", include("nodes.urls")),
     path("", include("jobs.urls")),
     path("", include("drills.urls")),

@@ -4,6 +4,7 @@ from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
+from core.access import request_user
 from core.admin_helpers import admin_link
 from core.models import ApiToken, AuditEvent
 from core.services import api_token_revoke_by_operator
@@ -52,18 +53,22 @@ class AuditEventAdmin(admin.ModelAdmin):
 class ApiTokenAdmin(admin.ModelAdmin):
     """Read-only: people make their tokens at /account/tokens/; an operator may revoke any
     (one that leaked, one of someone who left). The secret is not here: only its hash is kept.
+    No new key is made here any more: ``legacy`` marks the keys operators once made in the
+    admin (DRF authtokens), converted by migration core 0004.
     """
 
     list_display = [
         "name",
         "user",
         "prefix",
+        "legacy",
         "created_at",
         "expires_at",
         "last_used_at",
         "revoked_at",
     ]
     list_filter = [
+        "legacy",
         ("revoked_at", admin.EmptyFieldListFilter),
         ("expires_at", admin.EmptyFieldListFilter),
     ]
@@ -73,6 +78,7 @@ class ApiTokenAdmin(admin.ModelAdmin):
         "user",
         "name",
         "prefix",
+        "legacy",
         "created_at",
         "expires_at",
         "last_used_at",
@@ -85,7 +91,7 @@ class ApiTokenAdmin(admin.ModelAdmin):
     def revoke(self, request: HttpRequest, queryset: QuerySet[ApiToken]) -> None:
         tokens = list(queryset)
         for token in tokens:
-            api_token_revoke_by_operator(actor=request.user, token=token)
+            api_token_revoke_by_operator(actor=request_user(request), token=token)
         self.message_user(request, f"{len(tokens)} token(s) revoked.", messages.SUCCESS)
 
     def has_add_permission(self, request: HttpRequest) -> bool:

@@ -12,6 +12,7 @@ from typing import Any
 from django.db import models
 
 from core.models import AuditEvent
+from core.types import Actor
 
 
 class AuditAction(models.TextChoices):
@@ -22,6 +23,8 @@ class AuditAction(models.TextChoices):
     CLUSTER_DELETE = "cluster.delete"
     CLUSTER_USER_AUTH = "cluster.user_auth"
     CLUSTER_USER_CA_CREATE = "cluster.user_ca_create"
+    CLUSTER_USER_CA_ROTATE = "cluster.user_ca_rotate"
+    CLUSTER_USER_CA_ROTATE_FINISH = "cluster.user_ca_rotate_finish"
     CLUSTER_IDENTITY_SET = "cluster_identity.set"
     CLUSTER_IDENTITY_DELETE = "cluster_identity.delete"
     NODE_DRAIN = "node.drain"
@@ -46,20 +49,26 @@ class AuditAction(models.TextChoices):
     API_TOKEN_REVOKE = "api_token.revoke"  # noqa: S105
     NOTIFICATION_SUBSCRIBE = "notification.subscribe"
     NOTIFICATION_UNSUBSCRIBE = "notification.unsubscribe"
+    # Gantry's own recovery acting on a job (actor: none), and operators' recovery actions.
+    RECOVERY_CANCEL = "recovery.cancel"
+    RECOVERY_RESUME = "recovery.resume"
+    RECOVERY_POLICY_UPDATE = "recovery_policy.update"
+    SUSPECT_NODE_CLEAR = "suspect_node.clear"
 
 
 def audit_event_record(
     *,
-    actor: Any,
+    actor: Actor,
     action: str,
     target: models.Model | None = None,
     details: dict[str, Any] | None = None,
 ) -> AuditEvent:
     """Write one audit event. Call inside the service's transaction."""
-    authenticated = actor is not None and getattr(actor, "is_authenticated", False)
+    # None is Gantry itself (recovery, the command line), recorded as "system".
+    signed_in = actor if actor is not None and actor.is_authenticated else None
     return AuditEvent.objects.create(
-        actor=actor if authenticated else None,
-        actor_name=actor.get_username() if authenticated else "system",
+        actor=signed_in,
+        actor_name=signed_in.get_username() if signed_in is not None else "system",
         action=str(action),
         target_type=target._meta.label_lower if target is not None else "",
         target_id=str(target.pk) if target is not None else "",

@@ -41,12 +41,20 @@ class ApiToken(models.Model):
     """A personal API token. Only the SHA-256 of its secret is kept; the secret is shown
     once, when the token is created (``core.services.api_token_create``)."""
 
-    # Tells a personal token from a DRF authtoken key (40 hex digits) without a lookup,
-    # and lets secret scanners recognise a leaked one.
+    # Lets secret scanners recognise a leaked token, and tells a token made here from a
+    # legacy key (below) without a lookup.
     SECRET_PREFIX = "gty_"  # noqa: S105
     # The first characters of the secret, shown in lists so a person can tell tokens
     # apart; "gty_" plus four random characters reveals too little to guess the rest.
     SHOWN_PREFIX_LENGTH = 8
+    # Legacy keys: the DRF authtoken keys (40 hex digits, no prefix) that operators made in
+    # the admin before Gantry had its own tokens. Migration core 0004 turned each into a
+    # row here flagged ``legacy``, hashed like any secret, so clients keep sending the key
+    # they have. A legacy key is never longer than DRF's key column; a longer secret
+    # without the prefix is no token at all. Only the first four characters are shown,
+    # as few random ones as a personal token shows after its prefix.
+    LEGACY_KEY_MAX_LENGTH = 40
+    LEGACY_SHOWN_PREFIX_LENGTH = 4
 
     class Status(models.TextChoices):
         ACTIVE = "active"
@@ -63,6 +71,10 @@ class ApiToken(models.Model):
     expires_at = models.DateTimeField(null=True, blank=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
+    legacy = models.BooleanField(
+        default=False,
+        help_text="Converted from a DRF authtoken key: its secret has no gty_ prefix.",
+    )
 
     class Meta:
         ordering = ["-created_at", "-id"]
@@ -73,9 +85,15 @@ class ApiToken(models.Model):
 
     @staticmethod
     def hash_secret(secret: str) -> str:
-        # A fast hash is enough: the secret has 256 bits of randomness, so there is no
-        # dictionary to try, unlike a password.
+        # A fast hash is enough: the secret has 256 bits of randomness (a legacy key 160),
+        # so there is no dictionary to try, unlike a password.
         return hashlib.sha256(secret.encode()).hexdigest()
+
+    @classmethod
+    def could_be_legacy_key(cls, secret: str) -> bool:
+        """Whether ``secret`` has the shape of a legacy key (no prefix, not too long);
+        anything else without the prefix is refused without a lookup."""
+        return not secret.startswith(cls.SECRET_PREFIX) and len(secret) <= cls.LEGACY_KEY_MAX_LENGTH
 
     def status_at(self, now: datetime) -> str:
         if self.revoked_at is not None:

@@ -1,4 +1,13 @@
-"""Login throttling: a few failed attempts per user name and per client address per window.
+"""Login throttling: a few failed attempts per user name and per client address per window;
+and bad API tokens per client address.
+
+The client address is REMOTE_ADDR, the direct peer. Behind a reverse proxy that is the
+proxy's, shared by every client, so one person's failures would throttle everyone: when the
+peer is one of ``GANTRY_TRUSTED_PROXIES``, the client is the right-most X-Forwarded-For
+address that is not itself a trusted proxy (the one the nearest untrusted hop connected
+from; what lies further left the client wrote itself). A header from any other peer is
+ignored: a client may not pick a fresh address per attempt. IPv6 clients are counted per
+/64, the least a network hands one customer.
 
 Counters live in the ``ratelimit`` cache (Redis in production, so every gunicorn worker
 sees the same counts; a per-process cache would multiply the limit by the number of
@@ -9,6 +18,7 @@ Redis restarted would be worse than a short window without throttling, and it is
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import logging
 from typing import Any
 
@@ -32,10 +42,63 @@ def _key(kind: str, value: str) -> str:
     return f"gantry:ratelimit:{kind}:{digest}"
 
 
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+# An IPv6 client may use every address of its /64: counted as one.
+IPV6_CLIENT_PREFIX = 64
+
+
+def _parse_address(value: str) -> IPAddress | None:
+    """An address as a proxy may write it (``192.0.2.1``, ``192.0.2.1:443``,
+    ``[2001:db8::1]:443``, ``::ffff:192.0.2.1``), or None when it is none."""
+    text = value.strip()
+    if text.startswith("["):
+        text = text[1:].partition("]")[0]
+    elif text.count(":") == 1:
+        text = text.partition(":")[0]
+    try:
+        address = ipaddress.ip_address(text)
+    except ValueError:
+        return None
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    return address
+
+
+def _trusted_proxy(address: IPAddress) -> bool:
+    return any(
+        address.version == network.version and address in network
+        for network in settings.TRUSTED_PROXIES
+    )
+
+
 def client_address(request: HttpRequest) -> str:
-    # REMOTE_ADDR only: X-Forwarded-For is set by the client unless a proxy rewrites it,
-    # and trusting it would let an attacker pick a fresh address per attempt.
-    return str(request.META.get("REMOTE_ADDR") or "unknown")
+    """Who sent ``request``: REMOTE_ADDR, or behind a trusted proxy the right-most
+    X-Forwarded-For address that is not a trusted proxy (see the module docstring)."""
+    peer = _parse_address(str(request.META.get("REMOTE_ADDR") or ""))
+    if peer is None:
+        return "unknown"
+    if not _trusted_proxy(peer):
+        return str(peer)
+    forwarded = str(request.META.get("HTTP_X_FORWARDED_FOR") or "")
+    if not forwarded.strip():
+        return str(peer)
+    for hop in reversed(forwarded.split(",")):
+        address = _parse_address(hop)
+        if address is None:
+            # Not an address where a trusted proxy writes one: the nearest proxy stands
+            # in (a bucket shared with others, never one the sender chose).
+            return str(peer)
+        if not _trusted_proxy(address):
+            return str(address)
+        peer = address
+    return str(peer)
+
+
+def _address_key(kind: str, address: str) -> str:
+    parsed = _parse_address(address)
+    if isinstance(parsed, ipaddress.IPv6Address):
+        address = str(ipaddress.IPv6Network((parsed, IPV6_CLIENT_PREFIX), strict=False))
+    return _key(kind, address)
 
 
 class FailureCounter:
@@ -91,7 +154,7 @@ class RateLimitedLoginView(auth_views.LoginView):
 
     def _keys(self, request: HttpRequest) -> tuple[str, str]:
         username = str(request.POST.get("username", ""))
-        return _key("user", username), _key("ip", client_address(request))
+        return _key("user", username), _address_key("ip", client_address(request))
 
     def post(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
         counter = login_counter()
@@ -124,10 +187,15 @@ class ThrottledTokenAuthentication(TokenAuthentication):
     """Token auth that stops answering a client address after many bad tokens (429).
 
     ``Authorization: Token <secret>`` takes a personal token (``core.models.ApiToken``,
-    made at /account/tokens/, recognised by its ``gty_`` prefix) or, as before, a DRF
-    authtoken key made in the admin. A wrong, expired or revoked token is a 401 and counts
-    as a bad token for the address.
+    made at /account/tokens/): a ``gty_`` secret, or a legacy key (a DRF authtoken key an
+    operator made in the admin before, converted by migration core 0004). The token, its
+    user and the user's roles come in one query (``core.selectors.api_token_find_by_secret``):
+    a role check then costs no query of its own. A wrong, expired or revoked token is a 401
+    and counts as a bad token for the address.
     """
+
+    # DRF's default would be rest_framework.authtoken's Token, which is not installed.
+    model = ApiToken
 
     def authenticate_credentials(self, key: str) -> Any:
         # Imported here: DRF imports this class while rest_framework.views is first being
@@ -135,8 +203,6 @@ class ThrottledTokenAuthentication(TokenAuthentication):
         from core.selectors import api_token_find_by_secret
         from core.services import api_token_record_use
 
-        if not key.startswith(ApiToken.SECRET_PREFIX):
-            return self._authtoken_credentials(key)
         token = api_token_find_by_secret(secret=key)
         if token is None:
             raise AuthenticationFailed("Invalid token.")
@@ -151,24 +217,11 @@ class ThrottledTokenAuthentication(TokenAuthentication):
         api_token_record_use(token=token, now=now)
         return token.user, token
 
-    def _authtoken_credentials(self, key: str) -> Any:
-        """DRF's own lookup of an authtoken key, with the user's roles in the same query
-        (``core.auth.authtoken_user``): a role check then costs no query of its own."""
-        from core.auth import authtoken_user
-
-        found = authtoken_user(key)
-        if found is None:
-            raise AuthenticationFailed("Invalid token.")
-        user, token = found
-        if not user.is_active:
-            raise AuthenticationFailed("User inactive or deleted.")
-        return user, token
-
     def authenticate(self, request: Any) -> Any:
         counter = FailureCounter(
             max_failures=settings.TOKEN_MAX_FAILURES, window_seconds=settings.LOGIN_FAILURE_WINDOW
         )
-        key = _key("token-ip", client_address(request))
+        key = _address_key("token-ip", client_address(request))
         # Only a request that brings a token is refused (and costs a look at the counter).
         if request.META.get("HTTP_AUTHORIZATION") and counter.blocked(key):
             raise Throttled(

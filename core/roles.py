@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from core.types import MaybeUser, User
 
 RESEARCHERS = "researchers"
 OPERATORS = "operators"
+# Where a request's user keeps its roles once read (``remember_roles``, the checks below).
+_OPERATOR_CACHE = "_gantry_is_operator"
+_RESEARCHER_CACHE = "_gantry_is_researcher"
 
 
 def role_annotations(user_ref: str) -> dict[str, Any]:
@@ -22,40 +28,43 @@ def role_annotations(user_ref: str) -> dict[str, Any]:
     }
 
 
-def remember_roles(user: Any, source: Any) -> Any:
+def remember_roles(user: User, source: Any) -> User:
     """``user`` with the role memberships read by ``role_annotations`` on ``source`` (the
     user itself or the row it came with), as ``is_operator`` and ``is_researcher`` keep
     them. Read once per request: a role change applies from the next request."""
-    user._gantry_is_operator = bool(getattr(source, f"gantry_in_{OPERATORS}"))
-    user._gantry_is_researcher = bool(getattr(source, f"gantry_in_{RESEARCHERS}"))
+    setattr(user, _OPERATOR_CACHE, bool(getattr(source, f"gantry_in_{OPERATORS}")))
+    setattr(user, _RESEARCHER_CACHE, bool(getattr(source, f"gantry_in_{RESEARCHERS}")))
     return user
 
 
-def is_operator(user: Any) -> bool:
-    if not getattr(user, "is_authenticated", False):
+def is_operator(user: MaybeUser | None) -> bool:
+    """Whether ``user`` is an operator; False for someone not signed in."""
+    if user is None or not user.is_authenticated:
         return False
     if user.is_superuser:
         return True
-    cached = getattr(user, "_gantry_is_operator", None)
+    cached = getattr(user, _OPERATOR_CACHE, None)
     if cached is None:
         cached = user.groups.filter(name=OPERATORS).exists()
-        user._gantry_is_operator = cached
+        setattr(user, _OPERATOR_CACHE, cached)
     return bool(cached)
 
 
-def is_researcher(user: Any) -> bool:
-    if not getattr(user, "is_authenticated", False):
+def is_researcher(user: MaybeUser | None) -> bool:
+    """Whether ``user`` has the researcher role (operators have it too); False for someone
+    not signed in."""
+    if user is None or not user.is_authenticated:
         return False
     if is_operator(user):
         return True
-    cached = getattr(user, "_gantry_is_researcher", None)
+    cached = getattr(user, _RESEARCHER_CACHE, None)
     if cached is None:
         cached = user.groups.filter(name=RESEARCHERS).exists()
-        user._gantry_is_researcher = cached
+        setattr(user, _RESEARCHER_CACHE, cached)
     return bool(cached)
 
 
-def role_name(user: Any) -> str:
+def role_name(user: MaybeUser | None) -> str:
     if is_operator(user):
         return "operator"
     if is_researcher(user):
@@ -103,7 +112,6 @@ def roles_sync() -> None:
     grants += [
         permission("core.view_auditevent"),
         permission("core.view_apitoken"),
-        permission("authtoken.view_token"),
     ]
     # The delivery log of notifications (notifications 0002 grants the same).
     grants += list(

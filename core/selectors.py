@@ -9,9 +9,10 @@ from django.http import Http404
 
 from core.models import ApiToken
 from core.roles import remember_roles, role_annotations
+from core.types import User
 
 
-def api_token_list_for_user(*, user: Any) -> QuerySet[ApiToken]:
+def api_token_list_for_user(*, user: User) -> QuerySet[ApiToken]:
     """A person's own tokens, newest first. Nobody lists anyone else's here, operators
     included (they have the admin)."""
     if not getattr(user, "is_authenticated", False):
@@ -19,7 +20,7 @@ def api_token_list_for_user(*, user: Any) -> QuerySet[ApiToken]:
     return ApiToken.objects.filter(user_id=user.pk)
 
 
-def api_token_get_for_user(*, user: Any, token_id: Any) -> ApiToken:
+def api_token_get_for_user(*, user: User, token_id: Any) -> ApiToken:
     """The one access check for a token: Http404 both for a missing token and for someone
     else's, so a token id says nothing about who owns it."""
     try:
@@ -30,13 +31,19 @@ def api_token_get_for_user(*, user: Any, token_id: Any) -> ApiToken:
 
 def api_token_find_by_secret(*, secret: str) -> ApiToken | None:
     """The token whose secret this is, whatever its state (the caller tells expired and
-    revoked apart), or None. Looked up by hash: the secret itself is stored nowhere."""
-    if not secret.startswith(ApiToken.SECRET_PREFIX):
+    revoked apart), or None. Looked up by hash: the secret itself is stored nowhere.
+
+    One query brings the token, its user and the user's two roles. A secret without the
+    ``gty_`` prefix can only be a legacy key (a converted DRF authtoken key,
+    ``ApiToken.legacy``) and matches legacy tokens only; the prefix, tokens made here only.
+    """
+    legacy = not secret.startswith(ApiToken.SECRET_PREFIX)
+    if legacy and not ApiToken.could_be_legacy_key(secret):
         return None
     token = (
         ApiToken.objects.select_related("user")
         .annotate(**role_annotations("user_id"))
-        .filter(key_hash=ApiToken.hash_secret(secret))
+        .filter(key_hash=ApiToken.hash_secret(secret), legacy=legacy)
         .first()
     )
     if token is not None:

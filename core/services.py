@@ -20,6 +20,7 @@ from core.errors import FieldError
 from core.models import ApiToken
 from core.roles import is_operator
 from core.selectors import api_token_get_for_user
+from core.types import User
 
 NAME_MAX_LENGTH = 64
 MAX_LIFETIME = timedelta(days=365)
@@ -44,7 +45,7 @@ def _check_token_input(*, name: str, expires_at: datetime | None, now: datetime)
     return name
 
 
-def api_token_create(*, user: Any, name: str, expires_at: datetime | None) -> tuple[ApiToken, str]:
+def api_token_create(*, user: User, name: str, expires_at: datetime | None) -> tuple[ApiToken, str]:
     """A new token for ``user``; returns it with its secret, which exists only in the
     return value: show it once and drop it."""
     now = timezone.now()
@@ -71,7 +72,7 @@ def api_token_create(*, user: Any, name: str, expires_at: datetime | None) -> tu
     return token, secret
 
 
-def _revoke(*, actor: Any, token: ApiToken) -> ApiToken:
+def _revoke(*, actor: User, token: ApiToken) -> ApiToken:
     now = timezone.now()
     with transaction.atomic():
         # Revoked already (twice-clicked button, another tab, an operator): nothing to do,
@@ -89,13 +90,13 @@ def _revoke(*, actor: Any, token: ApiToken) -> ApiToken:
     return token
 
 
-def api_token_revoke(*, user: Any, token_id: Any) -> ApiToken:
+def api_token_revoke(*, user: User, token_id: Any) -> ApiToken:
     """Revoke one of ``user``'s own tokens; someone else's is not found (Http404)."""
     token = api_token_get_for_user(user=user, token_id=token_id)
     return _revoke(actor=user, token=token)
 
 
-def api_token_revoke_by_operator(*, actor: Any, token: ApiToken) -> ApiToken:
+def api_token_revoke_by_operator(*, actor: User, token: ApiToken) -> ApiToken:
     """An operator revokes anyone's token (the admin's action), e.g. one that leaked."""
     if not is_operator(actor):
         raise PermissionDenied("Only operators may revoke other people's tokens.")

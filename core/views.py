@@ -13,6 +13,7 @@ from django.utils import timezone
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_POST
 
+from core.access import request_user
 from core.errors import FieldError
 from core.forms import ApiTokenForm
 from core.selectors import api_token_list_for_user
@@ -25,7 +26,7 @@ def _render(
     now = timezone.now()
     tokens = [
         {"token": token, "status": token.status_at(now)}
-        for token in api_token_list_for_user(user=request.user)
+        for token in api_token_list_for_user(user=request_user(request))
     ]
     context = {"form": form, "tokens": tokens, "created": created}
     return render(request, "core/api_tokens.html", context)
@@ -46,7 +47,9 @@ def api_token_list_page(request: HttpRequest) -> HttpResponse:
     if form.is_valid():
         try:
             token, secret = api_token_create(
-                user=request.user, name=form.cleaned_data["name"], expires_at=form.expires_at()
+                user=request_user(request),
+                name=form.cleaned_data["name"],
+                expires_at=form.expires_at(),
             )
         except FieldError as error:
             form.attach_error(error.field, error.why)
@@ -59,6 +62,6 @@ def api_token_list_page(request: HttpRequest) -> HttpResponse:
 @login_required
 @require_POST
 def api_token_revoke_action(request: HttpRequest) -> HttpResponse:
-    token = api_token_revoke(user=request.user, token_id=request.POST.get("token_id"))
+    token = api_token_revoke(user=request_user(request), token_id=request.POST.get("token_id"))
     messages.success(request, f"Token “{token.name}” ({token.prefix}…) is revoked.")
     return HttpResponseRedirect(reverse("api-token-list"))

@@ -54,13 +54,14 @@ class RestoreDrillAdmin(ServiceDeleteMixin, admin.ModelAdmin):
         "checkpoint_link",
         "state",
         "verdict",
+        "attestation",
         "reason_short",
         "steps",
         "allocation_key",
         "load_s",
         "created_at",
     ]
-    list_filter = ["state", "verdict", "reason_code"]
+    list_filter = ["state", "verdict", "attestation", "reason_code"]
     search_fields = ["=id", "checkpoint__job__name", "reason", "=slurm_job_id"]
     date_hierarchy = "created_at"
     list_select_related = ["checkpoint", "checkpoint__job"]
@@ -68,6 +69,8 @@ class RestoreDrillAdmin(ServiceDeleteMixin, admin.ModelAdmin):
         "id",
         "checkpoint",
         "requested_by",
+        "attestation",
+        "verifier_account",
         "steps",
         "allocation",
         "allocation_key",

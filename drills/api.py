@@ -43,6 +43,10 @@ class DrillSerializer(serializers.ModelSerializer):
             "checkpoint_step",
             "requested_by",
             "trigger",
+            # verifier (run as the cluster's verifier: a pass is proof) or self (run as
+            # the checkpoint's owner: a pass is never proof); see drills.attestation.
+            "attestation",
+            "verifier_account",
             "trainer",
             "trainer_digest",
             "steps",
@@ -125,7 +129,7 @@ class CheckpointDetailSerializer(serializers.ModelSerializer):
         return {"tensors": held.tensors, "source": held.source, "recorded_at": held.recorded_at}
 
     def get_proven_by(self, checkpoint: Checkpoint) -> list[dict[str, Any]]:
-        """The trainer versions whose drills passed on this checkpoint."""
+        """The trainer versions whose verifier-attested drills passed on this checkpoint."""
         return checkpoint_proofs(checkpoint=checkpoint)
 
     def get_last_drill(self, checkpoint: Checkpoint) -> dict[str, Any] | None:

@@ -15,28 +15,50 @@ from django.utils import timezone
 
 import trainer
 from controlplane.tasknames import DRILL_SUBMIT
+from drills.attestation import (
+    VerifierAccessError,
+    open_to_verifier,
+    unseen_by_verifier,
+    verifier_drill_dir,
+)
 from drills.models import RestoreDrill
 from drills.reference import drill_reference, recorded_trainer_digest
-from drills.verdicts import Verdict, report_timings, verdict_of_code, verdict_of_report
+from drills.verdicts import (
+    Judgement,
+    report_evidence,
+    report_timings,
+    verdict_of_code,
+    verdict_of_report,
+)
 from jobs.models import Checkpoint
-from nodes.cluster_access import transport_for
+from nodes.cluster_access import transport_as, transport_for
 from nodes.slurm import errors as slurm_errors
 from nodes.slurm.parsers import SlurmJob
 from nodes.slurm.transport import SshTransport
 from runs.lifecycle import Phase, SlurmLifecycle, WontSubmit, slurm_phase
-from runs.runtime import ScriptSpec, drill_dir, render_sbatch
+from runs.runtime import EnvironmentRefused, ScriptSpec, drill_dir, render_sbatch
 from runs.trainers import TrainerUnavailable, trainer_version_ensure
 from trainer.schema import Reason, json_digest
 
 REFERENCE_NAME = "reference.json"
 
 
+def drill_output_dir(drill: RestoreDrill) -> str:
+    """Where the drill writes: a verifier's drill in the verifier's own area (the owner
+    cannot write there), a self-attested one in the run directory."""
+    job = drill.checkpoint.job
+    if drill.is_attested:
+        return verifier_drill_dir(job.cluster.workdir, drill.verifier_account, str(drill.id))
+    return drill_dir(job.cluster.workdir, str(job.id), str(drill.id), job.run_as)
+
+
 def drill_script_spec(drill: RestoreDrill, *, trainer_path: str) -> ScriptSpec:
-    """The drill's batch script: the trainer version chosen for it, the job's environment,
-    Gantry's reference (written next to it), K steps on the drill's allocation."""
+    """The drill's batch script: the trainer version chosen for it, Gantry's reference
+    (written next to it), K steps on the drill's allocation; the job's environment only
+    for a self-attested drill (nothing the owner sets reaches a verifier's drill)."""
     job = drill.checkpoint.job
     cluster = job.cluster
-    out_dir = drill_dir(cluster.workdir, str(job.id), str(drill.id), job.run_as)
+    out_dir = drill_output_dir(drill)
     allocation = drill.allocation
     return ScriptSpec(
         job_id=str(drill.id),
@@ -65,7 +87,8 @@ def drill_script_spec(drill: RestoreDrill, *, trainer_path: str) -> ScriptSpec:
             "--out",
             f"{out_dir}/drill.json",
         ),
-        environment=tuple(sorted((job.environment or {}).items())),
+        environment=() if drill.is_attested else tuple(sorted((job.environment or {}).items())),
+        allowed_environment=tuple(job.cluster.extra_allowed_environment or ()),
     )
 
 
@@ -97,13 +120,17 @@ class DrillLifecycle(SlurmLifecycle[RestoreDrill]):
         return RestoreDrill.objects.select_related("cluster", "checkpoint__job__cluster")
 
     def run_directory(self, obj: RestoreDrill) -> str:
-        job = obj.checkpoint.job
-        return drill_dir(job.cluster.workdir, str(job.id), str(obj.id), job.run_as)
+        return drill_output_dir(obj)
 
     def run_as(self, obj: RestoreDrill) -> str:
-        # As the checkpoint's owner, whoever asked (an operator's drill is audited as
-        # theirs): the checkpoint and the drill directory are that account's alone.
-        return obj.checkpoint.job.run_as
+        # As the cluster's verifier for a drill that counts (drills.attestation); else as
+        # the checkpoint's owner, whoever asked (an operator's drill is audited as theirs).
+        return obj.verifier_account if obj.is_attested else obj.checkpoint.job.run_as
+
+    def owner_transport(self, obj: RestoreDrill) -> SshTransport:
+        """As the checkpoint's owner, who sees its files whoever runs the drill."""
+        job = obj.checkpoint.job
+        return transport_as(job.cluster, job.run_as)
 
     def prepare(self, obj: RestoreDrill, transport: SshTransport) -> str:
         """The trainer version (shipped again from Gantry's archive if the cluster lost
@@ -128,8 +155,24 @@ class DrillLifecycle(SlurmLifecycle[RestoreDrill]):
                 f"Gantry holds no state fingerprint of step {checkpoint.step} (a trainer "
                 "without fingerprints wrote it)",
             )
+        if obj.is_attested:
+            try:
+                open_to_verifier(
+                    cluster=cluster,
+                    owner_account=checkpoint.job.run_as,
+                    checkpoint=checkpoint,
+                    verifier=transport,
+                )
+            except VerifierAccessError as error:
+                raise WontSubmit(Reason.INFRASTRUCTURE_ERROR, str(error)) from None
         reference_bytes = json.dumps(reference, sort_keys=True).encode()
         spec = drill_script_spec(obj, trainer_path=trainer_path)
+        try:
+            # Rendered before anything is written: an environment the policy now refuses
+            # (a job saved before it) ends the drill with the reason, not the task.
+            rendered = render_sbatch(spec)
+        except EnvironmentRefused as refused:
+            raise WontSubmit(Reason.INFRASTRUCTURE_ERROR, str(refused)) from None
         transport.makedirs(spec.run_dir, mode=0o700)
         transport.put_bytes(f"{spec.run_dir}/{REFERENCE_NAME}", reference_bytes)
         values = {"trainer_digest": digest, "reference_digest": json_digest(reference)}
@@ -137,13 +180,15 @@ class DrillLifecycle(SlurmLifecycle[RestoreDrill]):
         for key, value in values.items():
             setattr(obj, key, value)
         script = f"{spec.run_dir}/drill.sbatch"
-        transport.put_bytes(script, render_sbatch(spec).encode(), mode=0o755)
+        transport.put_bytes(script, rendered.encode(), mode=0o755)
         return script
 
     def declined(self, obj: RestoreDrill, stop: WontSubmit) -> None:
         self.end_with(obj, verdict_of_code(stop.code, stop.reason))
 
-    def end_with(self, drill: RestoreDrill, verdict: Verdict, exit_code: int | None = None) -> bool:
+    def end_with(
+        self, drill: RestoreDrill, verdict: Judgement, exit_code: int | None = None
+    ) -> bool:
         """End a drill that produced no report, with ``verdict`` (inconclusive or error)."""
         drill.refresh_from_db()
         if drill.is_final:
@@ -170,15 +215,18 @@ class DrillLifecycle(SlurmLifecycle[RestoreDrill]):
     def apply_report(
         self, drill: RestoreDrill, *, report: dict[str, Any], exit_code: int | None
     ) -> bool:
-        """Store the verdict from ``drill.json``: only a pass proves the checkpoint
-        restorable; only a failure (the checkpoint is at fault) blocks resuming from it."""
+        """Store the verdict from ``drill.json``: only a verifier-attested pass proves the
+        checkpoint restorable and clears a failed integrity check (a self-attested pass is
+        the owner's own word: stored, shown, never proof); a failure (the checkpoint is at
+        fault) blocks resuming from it, whoever attested it."""
         verdict = verdict_of_report(report, drill)
         now = timezone.now()
         values: dict[str, Any] = {
             "verdict": verdict.verdict,
             "reason": verdict.reason[:4000],
             "reason_code": verdict.reason_code[:64],
-            "evidence": report,
+            # Strict JSON: jsonb refuses the bare NaN a diverged loss is written as.
+            "evidence": report_evidence(report),
             "finished_at": now,
             "exit_code": exit_code,
             **report_timings(report),
@@ -186,7 +234,7 @@ class DrillLifecycle(SlurmLifecycle[RestoreDrill]):
         with transaction.atomic():
             if not self.transition(drill, RestoreDrill.State.FINISHED, **values):
                 return False
-            if verdict.proves:
+            if verdict.proves and drill.is_attested:
                 Checkpoint.objects.filter(pk=drill.checkpoint_id).update(
                     last_proven_at=now,
                     integrity=Checkpoint.Integrity.OK,
@@ -242,7 +290,8 @@ class DrillLifecycle(SlurmLifecycle[RestoreDrill]):
             RestoreDrill.objects.filter(id=obj.id).update(**_started_values(obj, record.start_time))
         transport = self.transport_of(obj)
         report = _read_report(obj, transport)
-        if _retention_removed_it(obj, report, transport):
+        owner = self.owner_transport(obj) if obj.is_attested else transport
+        if _retention_removed_it(obj, report, owner):
             # The whole directory is gone: the trainer's retention rotated the checkpoint
             # out while the drill ran. That says nothing about the checkpoint itself.
             Checkpoint.objects.filter(pk=obj.checkpoint_id, deleted_at__isnull=True).update(
@@ -254,8 +303,18 @@ class DrillLifecycle(SlurmLifecycle[RestoreDrill]):
                 "(checkpoint_keep) while the drill ran",
                 exit_code=record.exit_code,
             )
+        unseen = (
+            unseen_by_verifier(report, obj.checkpoint, verifier=transport, owner=owner)
+            if obj.is_attested
+            else None
+        )
+        if unseen is not None:
+            return self.end_with_error(obj, reason=unseen, exit_code=record.exit_code)
         if isinstance(report, dict) and report.get("schema"):
             return self.apply_report(obj, report=report, exit_code=record.exit_code)
+        if isinstance(report, str):
+            # A drill.json that is no file to read (a link, a device, too large).
+            return self.end_with_error(obj, reason=report, exit_code=record.exit_code)
         return self.end_with_error(
             obj,
             reason=f"the drill job ended {record.state} (exit code {record.exit_code}) "
@@ -271,11 +330,24 @@ def _started_values(drill: RestoreDrill, started: datetime) -> dict[str, Any]:
     return values
 
 
+# The most of a drill report the worker reads (an honest one is a few kilobytes per step).
+DRILL_REPORT_MAX_BYTES = 8 << 20
+
+
 def _read_report(drill: RestoreDrill, transport: SshTransport) -> Any:
+    """The drill's report, read bounded (a regular file, no link, at most
+    ``DRILL_REPORT_MAX_BYTES``). Missing: None (no report yet). Refused or not JSON: a
+    string saying why (the drill ends in ``error``: nothing was reported that can judge)."""
     path = f"{DRILLS.run_directory(drill)}/drill.json"
     try:
-        return json.loads(transport.get_bytes(path))
-    except (slurm_errors.RemoteFileNotFound, ValueError):
+        data = transport.read_bounded(path, DRILL_REPORT_MAX_BYTES)
+    except slurm_errors.RemoteFileNotFound:
+        return None
+    except slurm_errors.RemoteFileRefused as refused:
+        return f"drill.json refused: {refused}"
+    try:
+        return json.loads(data)
+    except (ValueError, RecursionError):
         return None
 
 

@@ -44,6 +44,12 @@ class RestoreDrill(SlurmTracked):
         MANUAL = "manual"
         POLICY_RUNNING = "policy_running", "policy: newest checkpoint of a running job"
         POLICY_FINAL = "policy_final", "policy: final checkpoint of a completed job"
+        RECOVERY = "recovery", "recovery: proving a checkpoint before resuming from it"
+
+    class Attestation(models.TextChoices):
+        # drills.attestation says who may run a drill that counts, and why.
+        VERIFIER = "verifier", "verifier-attested (run as an account the owner cannot act as)"
+        SELF = "self", "self-attested (run as the checkpoint's owner; not proof)"
 
     ACTIVE_STATES = frozenset(
         {State.QUEUED, State.SUBMITTING, State.SUBMIT_UNKNOWN, State.PENDING, State.RUNNING}
@@ -81,6 +87,13 @@ class RestoreDrill(SlurmTracked):
     reason_code = models.CharField(max_length=64, blank=True)
     evidence = models.JSONField(null=True, blank=True)
     trigger = models.CharField(max_length=16, choices=Trigger.choices, default=Trigger.MANUAL)
+    # Who ran the drill and wrote its report: only a verifier-attested pass proves the
+    # checkpoint (``drills.attestation``). Rows from before attestation are self-attested.
+    attestation = models.CharField(
+        max_length=16, choices=Attestation.choices, default=Attestation.SELF
+    )
+    # The verifier account a verifier-attested drill runs as, fixed when it starts.
+    verifier_account = models.CharField(max_length=32, blank=True)
     cluster = models.ForeignKey(
         Cluster, on_delete=models.CASCADE, related_name="restore_drills", null=True
     )
@@ -108,6 +121,11 @@ class RestoreDrill(SlurmTracked):
                 name="drill_verdict_only_when_finished",
                 condition=Q(verdict="") | Q(state__in=["finished", "cancelled"]),
             ),
+            models.CheckConstraint(
+                name="drill_verifier_attested_names_its_verifier",
+                condition=Q(attestation="self")
+                | (Q(attestation="verifier") & ~Q(verifier_account="")),
+            ),
         ]
         indexes = [
             models.Index(fields=["cluster", "state"], name="drill_cluster_state"),
@@ -125,6 +143,11 @@ class RestoreDrill(SlurmTracked):
     @property
     def is_final(self) -> bool:
         return self.state in self.FINAL_STATES
+
+    @property
+    def is_attested(self) -> bool:
+        """Run as the cluster's verifier: its pass counts as proof."""
+        return self.attestation == self.Attestation.VERIFIER and bool(self.verifier_account)
 
 
 class DrillPolicy(models.Model):

@@ -117,10 +117,11 @@ def _policy_candidates(policy: DrillPolicy) -> list[tuple[Checkpoint, str]]:
             checkpoint = _newest_drillable_checkpoint(job, policy.steps)
             if checkpoint is None:
                 continue
-            recent = RestoreDrill.objects.filter(
-                checkpoint__job=job, created_at__gte=since
-            ).exists()
-            if not recent:
+            recent = RestoreDrill.objects.filter(checkpoint__job=job, created_at__gte=since)
+            if policy.cluster.verifier_account:
+                # The owner's self-attested drill does not stand in for a verifier's.
+                recent = recent.filter(attestation=RestoreDrill.Attestation.VERIFIER)
+            if not recent.exists():
                 candidates.append((checkpoint, RestoreDrill.Trigger.POLICY_RUNNING))
     if policy.drill_final_checkpoint and policy.final_since is not None:
         for job in Job.objects.filter(

@@ -1,9 +1,12 @@
 """What a drill compares with, written by Gantry from its own database (never from the
-cluster's files): the original run's losses, the state fingerprints at the drilled
-checkpoint and at the step the drill replays to, and the dataset definition's hash.
+cluster's files): the checkpoint as Gantry registered it (its step and its manifest's
+digest), the original run's losses, the state fingerprints at the drilled checkpoint and
+at the step the drill replays to, and the dataset definition's hash.
 
 Damage to the cluster's files (the checkpoint *and* metrics.jsonl) cannot make a bad
-checkpoint pass: the reference does not come from them.
+checkpoint pass: the reference does not come from them. Nor can another complete checkpoint
+put in the checkpoint's place: the drill holds the directory to the registered step and
+manifest digest first (``not_as_registered``, a failure).
 """
 
 from __future__ import annotations
@@ -71,6 +74,8 @@ def drill_reference(checkpoint: Checkpoint, steps: int) -> dict[str, Any]:
         "schema": DRILL_REFERENCE_SCHEMA,
         "job": str(job.id),
         "checkpoint_step": start,
+        # Null for a checkpoint registered before digests: then only its step is held.
+        "manifest_digest": checkpoint.manifest_digest or None,
         "losses": losses,
         "fingerprints": fingerprints,
         "dataset_sha256": dataset if isinstance(dataset, str) else None,

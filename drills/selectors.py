@@ -63,7 +63,8 @@ def drill_list(
 
 def drill_fleet_health(*, user: Any) -> dict[str, Any]:
     """Share of running jobs whose newest checkpoint is proven, recent failures,
-    the time-to-restore distribution and drills in flight."""
+    the time-to-restore distribution and drills in flight. Passes and restore times count
+    verifier-attested drills only (a self-attested one is the owner's word, counted apart)."""
     newest_proven = Subquery(
         Checkpoint.objects.filter(job=OuterRef("pk")).order_by("-step").values("last_proven_at")[:1]
     )
@@ -82,8 +83,11 @@ def drill_fleet_health(*, user: Any) -> dict[str, Any]:
     inconclusive = list(
         drills.filter(verdict=RestoreDrill.Verdict.INCONCLUSIVE).order_by("-finished_at")[:5]
     )
+    attested_passes = drills.filter(
+        verdict=RestoreDrill.Verdict.PASSED, attestation=RestoreDrill.Attestation.VERIFIER
+    )
     load_times = list(
-        drills.filter(verdict=RestoreDrill.Verdict.PASSED, load_s__isnull=False)
+        attested_passes.filter(load_s__isnull=False)
         .order_by("-finished_at")
         .values_list("load_s", flat=True)[:500]
     )
@@ -101,7 +105,10 @@ def drill_fleet_health(*, user: Any) -> dict[str, Any]:
         "load_times": sorted(load_times),
         "in_flight": in_flight,
         "proven_checkpoints": proven_checkpoints,
-        "passed": drills.filter(verdict=RestoreDrill.Verdict.PASSED).count(),
+        "passed": attested_passes.count(),
+        "self_attested_passed": drills.filter(
+            verdict=RestoreDrill.Verdict.PASSED, attestation=RestoreDrill.Attestation.SELF
+        ).count(),
         "failed": drills.filter(verdict=RestoreDrill.Verdict.FAILED).count(),
         "inconclusive": drills.filter(verdict=RestoreDrill.Verdict.INCONCLUSIVE).count(),
         "errored": drills.filter(verdict=RestoreDrill.Verdict.ERROR).count(),
@@ -110,9 +117,14 @@ def drill_fleet_health(*, user: Any) -> dict[str, Any]:
 
 def checkpoint_proofs(*, checkpoint: Checkpoint) -> list[dict[str, Any]]:
     """Which trainer versions proved ``checkpoint`` restorable: per version, how many
-    drills passed, the newest pass, and whether it was the version that wrote it."""
+    verifier-attested drills passed, the newest pass, and whether it was the version that
+    wrote it (a self-attested pass proves nothing)."""
     rows = (
-        RestoreDrill.objects.filter(checkpoint=checkpoint, verdict=RestoreDrill.Verdict.PASSED)
+        RestoreDrill.objects.filter(
+            checkpoint=checkpoint,
+            verdict=RestoreDrill.Verdict.PASSED,
+            attestation=RestoreDrill.Attestation.VERIFIER,
+        )
         .exclude(trainer_digest="")
         .values("trainer_digest")
         .annotate(passes=Count("id"), last_passed_at=Max("finished_at"))

@@ -20,13 +20,16 @@ from core.access import require_can_act
 from core.audit import AuditAction, audit_event_record
 from core.errors import ConflictError, FieldError
 from core.roles import is_operator
+from drills.attestation import drill_attestation, integrity_checker
 from drills.lifecycle import DRILLS
 from drills.models import RestoreDrill
 from drills.reference import has_fingerprint, losses_logged, next_checkpoint_step
+from drills.verdicts import registration_mismatch
 from jobs.models import Checkpoint, Job, StateFingerprint
 from jobs.validation import JobRequest, job_request_validate
-from nodes.cluster_access import transport_as, transport_for
+from nodes.cluster_access import transport_for
 from runs.runtime import trainer_ensure_uploaded
+from trainer.schema import Reason
 
 ALLOCATION_KEYS = (
     "partition",
@@ -128,6 +131,27 @@ def _check_drillable(checkpoint: Checkpoint, *, steps: int | None, trainer: str)
         )
 
 
+def _drill_shape(
+    checkpoint: Checkpoint,
+    *,
+    steps: int | None,
+    allocation: dict[str, Any] | None,
+    trainer: str,
+    fallback: int | None,
+) -> tuple[int, int | None, dict[str, Any], str]:
+    """(steps, replay-to step, allocation, allocation key) of a drill of ``checkpoint``;
+    refused (FieldError) when it cannot be judged or the cluster cannot give it."""
+    _check_drillable(checkpoint, steps=steps, trainer=trainer)
+    steps, replay_to = drill_plan(checkpoint, steps, fallback or settings.DRILL_DEFAULT_STEPS)
+    chosen = allocation_for(checkpoint.job, allocation)
+    _check_allocation(checkpoint.job, chosen)
+    _check_reference(checkpoint, steps)
+    key = allocation_key(chosen)
+    if trainer == RestoreDrill.Trainer.CURRENT:
+        key = f"{key}:trainer-current"
+    return steps, replay_to, chosen, key
+
+
 def restore_drill_start(
     *,
     actor: Any,
@@ -145,19 +169,18 @@ def restore_drill_start(
     compatibility drill). ``actor`` None means Gantry itself (a scheduled policy). Refused,
     with the reason: a checkpoint whose state Gantry never recorded, an allocation the
     cluster cannot give, more steps than the original run logged after the checkpoint, or
-    the same checkpoint, allocation and trainer already being drilled.
+    the same checkpoint, allocation and trainer already being drilled. Runs as the
+    cluster's verifier where it has a usable one (its pass is proof), else as the owner
+    (self-attested: never proof); see ``drills.attestation``.
     """
     job = checkpoint.job
     if actor is not None:
         require_can_act(actor, owner_id=job.owner_id, what="run drills on this job")
-    _check_drillable(checkpoint, steps=steps, trainer=trainer)
-    steps, replay_to = drill_plan(checkpoint, steps, fallback_steps or settings.DRILL_DEFAULT_STEPS)
-    chosen = allocation_for(job, allocation)
-    _check_allocation(job, chosen)
-    _check_reference(checkpoint, steps)
-    key = allocation_key(chosen)
-    if trainer == RestoreDrill.Trainer.CURRENT:
-        key = f"{key}:trainer-current"
+    steps, replay_to, chosen, key = _drill_shape(
+        checkpoint, steps=steps, allocation=allocation, trainer=trainer, fallback=fallback_steps
+    )
+    # Fixed now: a drill in flight keeps its account if the cluster's verifier changes.
+    attested, self_attested_why = drill_attestation(cluster=job.cluster, owner_account=job.run_as)
     conflict = ConflictError(
         f"A drill of step {checkpoint.step} on this allocation ({key}) is already running; "
         "wait for its verdict or cancel it."
@@ -178,6 +201,7 @@ def restore_drill_start(
                 allocation=chosen,
                 allocation_key=key,
                 trigger=trigger,
+                **attested,
             )
             audit_event_record(
                 actor=actor,
@@ -190,8 +214,10 @@ def restore_drill_start(
                     "steps": steps,
                     "replay_to_step": replay_to,
                     "trainer": trainer,
-                    # The drill runs as the checkpoint's account, whoever asked.
-                    "run_as": job.run_as or job.cluster.ssh_user,
+                    # The verifier, or else the checkpoint's account, whoever asked.
+                    "run_as": attested["verifier_account"] or job.run_as or job.cluster.ssh_user,
+                    **attested,
+                    "self_attested_because": self_attested_why,
                 },
             )
             drill_id = str(drill.id)
@@ -246,14 +272,21 @@ def restore_drill_delete(*, actor: Any, drill: RestoreDrill) -> None:
 
 def checkpoint_verify(*, checkpoint_id: int) -> Checkpoint:
     """Integrity only: run the trainer's ``verify --json`` on the login node over SSH, as
-    the checkpoint's account (its files are readable by it alone); the trainer is shipped
-    to the shared archive as the service account.
+    the cluster's verifier (given read access as the owner) where it has one, else as the
+    checkpoint's account, whose OK never clears a failed check; the trainer is shipped
+    to the shared archive as the service account. The directory is held to the checkpoint
+    as Gantry registered it (its step and manifest digest): another checkpoint in its
+    place fails (``not_as_registered``), and a failure blocks resuming from it.
 
     Read-only on the cluster, so safe to repeat."""
     checkpoint = Checkpoint.objects.select_related("job__cluster").get(pk=checkpoint_id)
     cluster = checkpoint.job.cluster
     trainer_path = trainer_ensure_uploaded(transport_for(cluster), cluster.workdir)
-    transport = transport_as(cluster, checkpoint.job.run_as)
+    # As the cluster's verifier where it has one; the owner's own check clears nothing.
+    transport, attested = integrity_checker(checkpoint)
+    registered = ["--registered-step", str(checkpoint.step)]
+    if checkpoint.manifest_digest:
+        registered += ["--registered-manifest-digest", checkpoint.manifest_digest]
     result = transport.exec(
         [
             "env",
@@ -265,6 +298,7 @@ def checkpoint_verify(*, checkpoint_id: int) -> Checkpoint:
             "--checkpoint",
             checkpoint.path,
             "--json",
+            *registered,
         ],
         check=False,
         timeout=600,
@@ -272,13 +306,24 @@ def checkpoint_verify(*, checkpoint_id: int) -> Checkpoint:
     try:
         report = json.loads(result.stdout)
     except ValueError:
+        report = None
+    if not isinstance(report, dict):
         report = {"ok": False, "reason": (result.stderr or result.stdout).strip()[:2000]}
-    ok = result.rc == 0 and bool(report.get("ok", result.rc == 0))
-    Checkpoint.objects.filter(pk=checkpoint.pk).update(
+    # Held to what Gantry registered whatever the trainer on the cluster says.
+    swapped = registration_mismatch(checkpoint, report)
+    ok = swapped is None and result.rc == 0 and bool(report.get("ok", result.rc == 0))
+    reason = report.get("reason") or report.get("error") or ""
+    if report.get("reason_code") == Reason.NOT_AS_REGISTERED:
+        reason = f"[{Reason.NOT_AS_REGISTERED}] {reason}"
+    elif swapped is not None:
+        reason = f"[{Reason.NOT_AS_REGISTERED}] {swapped}"
+    checked = Checkpoint.objects.filter(pk=checkpoint.pk)
+    if ok and not attested:
+        # A failed check stays failed on the owner's word (drills.attestation).
+        checked = checked.exclude(integrity=Checkpoint.Integrity.FAILED)
+    checked.update(
         integrity=Checkpoint.Integrity.OK if ok else Checkpoint.Integrity.FAILED,
-        integrity_detail=""
-        if ok
-        else str(report.get("reason") or report.get("error") or "")[:2000],
+        integrity_detail="" if ok else str(reason)[:2000],
         integrity_checked_at=timezone.now(),
         integrity_report=report,
     )

@@ -4,6 +4,7 @@ from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
+from core.access import request_user
 from core.admin_helpers import ServiceDeleteMixin, admin_changelist_link, admin_link
 from core.errors import ApplicationError
 from jobs.models import Checkpoint, Job, JobEvent, MetricPoint
@@ -159,7 +160,7 @@ class JobAdmin(ServiceDeleteMixin, admin.ModelAdmin):
     def cancel_jobs(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
         for job in queryset:
             try:
-                outcome = job_cancel(actor=request.user, job=job)
+                outcome = job_cancel(actor=request_user(request), job=job)
                 self.message_user(request, f"{job}: {outcome}")
             except ApplicationError as error:
                 self.message_user(request, f"{job}: {error.message}", level=messages.ERROR)

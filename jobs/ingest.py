@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from datetime import UTC, datetime
 from typing import Any
 
@@ -18,7 +19,8 @@ from django.db.models import Count, Max, Sum
 
 from jobs.lifecycle import job_event
 from jobs.models import Checkpoint, Job, JobEvent, MetricPoint, StateFingerprint
-from trainer.schema import FINGERPRINT_FORMAT, METRIC_KEYS, Event
+from jobs.stragglers import rank_timing_update
+from trainer.schema import FINGERPRINT_FORMAT, METRIC_KEYS, Event, manifest_digest
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +41,7 @@ def metrics_ingest(*, job: Job, data: bytes, start_offset: int) -> tuple[int, in
     adapt_time = connection.ops.adapt_datetimefield_value
     points: dict[int, tuple[Any, ...]] = {}
     events: list[dict[str, Any]] = []
+    rank_lines: list[tuple[int, Any]] = []
     get_keys = _METRIC_LINE_KEYS
     # The lowest and highest step of the chunk with their wall times (the job's sums).
     low_step, low_wall, high_step, high_wall = _MAX_STEP + 1, None, -1, None
@@ -60,6 +63,8 @@ def metrics_ingest(*, job: Job, data: bytes, start_offset: int) -> tuple[int, in
         if step <= low_step:
             low_step, low_wall = step, wall
         get = line.get
+        if "ranks" in line:
+            rank_lines.append((step, line["ranks"]))
         world_size = get("world_size")
         points[step] = (
             job_key,
@@ -71,7 +76,7 @@ def metrics_ingest(*, job: Job, data: bytes, start_offset: int) -> tuple[int, in
     new_offset = start_offset + len(complete)
     with transaction.atomic():
         # Conditional on the offset we read from: a racing watcher cannot double-store.
-        updates: dict[str, Any] = {"metrics_offset": new_offset, **_newest_updates(points)}
+        updates: dict[str, Any] = {"metrics_offset": new_offset, **_newest_updates(job, points)}
         # The job's point sums move with the offset: added to when the chunk only appends
         # to the job's steps, summed again in the database after the upsert otherwise.
         appends = job.points_totals_offset == start_offset and (
@@ -82,6 +87,7 @@ def metrics_ingest(*, job: Job, data: bytes, start_offset: int) -> tuple[int, in
                 _totals_after_append(job, points, low_wall, high_step, high_wall, new_offset)
             )
         updates.update(_event_updates(job, events))
+        updates.update(_rank_timing_updates(job, rank_lines))
         if not Job.objects.filter(id=job.id, metrics_offset=start_offset).update(**updates):
             return 0, start_offset
         if points:
@@ -91,24 +97,49 @@ def metrics_ingest(*, job: Job, data: bytes, start_offset: int) -> tuple[int, in
             Job.objects.filter(id=job.id).update(
                 **{key: value for key, value in updates.items() if key.startswith("points_")}
             )
-        for event in events:
-            kind = str(event.get("event"))
-            if kind in _TIMELINE_EVENTS:
-                job_event(job, kind, message=_describe_trainer_event(event))
-            elif kind == Event.CHECKPOINT:
-                fingerprint_store(job=job, step=event.get("step"), data=event.get("fingerprint"))
+        _events_store(job, events)
     job.metrics_offset = new_offset
     for key, value in updates.items():
-        if key.startswith("points_"):
+        if key.startswith("points_") or key in ("rank_timing", "nonfinite_loss_step"):
             setattr(job, key, value)
     return len(points), new_offset
 
 
-def _newest_updates(points: dict[int, tuple[Any, ...]]) -> dict[str, Any]:
-    """The job's newest step and its throughput now (mean of the newest five steps)."""
+def _rank_timing_updates(job: Job, rank_lines: list[tuple[int, Any]]) -> dict[str, Any]:
+    """The job's straggler state (``jobs.stragglers``) after the chunk's per-rank timings."""
+    if not rank_lines:
+        return {}
+    timing = job.rank_timing
+    for step, ranks in sorted(rank_lines, key=lambda item: item[0]):
+        timing = rank_timing_update(timing, step, ranks)
+    return {"rank_timing": timing}
+
+
+def _events_store(job: Job, events: list[dict[str, Any]]) -> None:
+    """The trainer's events of the chunk: timeline entries and checkpoint fingerprints."""
+    for event in events:
+        kind = str(event.get("event"))
+        if kind in _TIMELINE_EVENTS:
+            job_event(job, kind, message=_describe_trainer_event(event))
+        elif kind == Event.CHECKPOINT:
+            fingerprint_store(job=job, step=event.get("step"), data=event.get("fingerprint"))
+
+
+def _newest_updates(job: Job, points: dict[int, tuple[Any, ...]]) -> dict[str, Any]:
+    """The job's newest step and its throughput now (mean of the newest five steps), and
+    the first step whose loss was not a finite number (recovery's evidence)."""
     if not points:
         return {}
     updates: dict[str, Any] = {"last_step": max(points)}
+    if job.nonfinite_loss_step is None:
+        # loss is the 5th column of a row.
+        bad = [
+            step
+            for step, row in points.items()
+            if isinstance(row[4], float) and not math.isfinite(row[4])
+        ]
+        if bad:
+            updates["nonfinite_loss_step"] = min(bad)
     # samples_per_s is the 6th column of a row.
     newest = [points[step][5] for step in sorted(points)[-5:]]
     rates = [rate for rate in newest if rate is not None]
@@ -403,11 +434,15 @@ def fingerprint_store(
 def checkpoint_register(
     *, job: Job, manifest_path: str, manifest: dict[str, Any]
 ) -> Checkpoint | None:
-    """Register a checkpoint once, from its manifest (written last by the trainer)."""
+    """Register a checkpoint once, from its manifest (written last by the trainer), with
+    the manifest's digest (``trainer.schema.manifest_digest``): drills and integrity checks
+    hold the checkpoint directory to this step and digest, not to what it says later."""
     try:
         step = int(manifest["step"])
         files = list(manifest.get("files") or [])
-    except (KeyError, TypeError, ValueError):
+        # What drills and integrity checks hold the checkpoint directory to from now on.
+        digest = manifest_digest(manifest)
+    except (KeyError, TypeError, ValueError, RecursionError):
         logger.warning("job %s: unreadable manifest %s", job.id, manifest_path)
         return None
     size = manifest.get("total_bytes")
@@ -435,6 +470,7 @@ def checkpoint_register(
             "state_keys": list(manifest.get("state_keys") or []),
             "world_size": manifest.get("world_size"),
             "manifest": manifest,
+            "manifest_digest": digest,
             "saved_at": saved_at,
         },
     )

@@ -19,6 +19,7 @@ from nodes.slurm.transport import SshTransport
 from runs.events import RunEventKind
 from runs.lifecycle import SlurmLifecycle, WontSubmit, slurm_phase
 from runs.runtime import (
+    EnvironmentRefused,
     UserAreaError,
     render_sbatch,
     run_dir,
@@ -116,6 +117,14 @@ class JobLifecycle(SlurmLifecycle[Job]):
         if obj.trainer_digest != digest:
             Job.objects.filter(id=obj.id).update(trainer_digest=digest)
             obj.trainer_digest = digest
+        resume_path = obj.resume_from.path if obj.resume_from else None
+        spec = job_script_spec(obj, trainer_path=trainer_path, resume_path=resume_path)
+        try:
+            # The environment policy again, as it stands now: a job queued (or a template
+            # saved) before it, or a name the cluster's operator took back, stops here.
+            script = render_sbatch(spec)
+        except EnvironmentRefused as error:
+            raise WontSubmit(error.code, str(error)) from None
         if obj.run_as:
             try:
                 user_area_ensure(shared, transport, cluster.workdir, obj.run_as)
@@ -123,9 +132,7 @@ class JobLifecycle(SlurmLifecycle[Job]):
                 raise WontSubmit(Reason.INFRASTRUCTURE_ERROR, str(error)) from None
         transport.makedirs(directory, mode=0o700)
         transport.put_bytes(f"{directory}/config.json", json.dumps(obj.config, indent=2).encode())
-        resume_path = obj.resume_from.path if obj.resume_from else None
-        spec = job_script_spec(obj, trainer_path=trainer_path, resume_path=resume_path)
-        transport.put_bytes(f"{directory}/job.sbatch", render_sbatch(spec).encode(), mode=0o755)
+        transport.put_bytes(f"{directory}/job.sbatch", script.encode(), mode=0o755)
         return f"{directory}/job.sbatch"
 
     def refused(self, obj: Job, reason: str) -> None:

@@ -19,21 +19,18 @@ AVG does), so that
 A chunk that rewrites stored steps (a resumed run) or a bulk load sets the job's
 ``points_rebuilt_offset`` (``jobs.ingest``), which is in the cache key: the series is then
 built again from every point. So is a job whose point sums ingest did not keep. The state
-lives in the cache framework (Redis, shared by the web workers); a lost state costs one
-full build.
+lives in ``core.cache`` (Redis, shared by the web workers); a lost state costs one full
+build.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from django.core.cache import cache
 from django.db.models import Count, F, Max, Min, Sum
 
+from core import cache
 from jobs.models import Job, MetricPoint
-
-# How long an unused series state is kept (a new poll after that builds it again).
-STATE_SECONDS = 3600
 
 # One bucket: [index, points, last step, [sum per series], [values per series]].
 Bucket = list[Any]
@@ -116,7 +113,7 @@ def _keep(key: str | None, state: dict[str, Any], offset: int) -> None:
     """Keep ``state`` (its points as of ``offset``) for the next request."""
     state["offset"] = offset
     if key:
-        cache.set(key, state, timeout=STATE_SECONDS)
+        cache.put(cache.JOB_SERIES_STATE, key, state)
 
 
 def downsampled_series(job: Job, max_points: int, series: tuple[str, ...]) -> dict[str, Any]:
@@ -124,11 +121,16 @@ def downsampled_series(job: Job, max_points: int, series: tuple[str, ...]) -> di
     points), ``step`` (each bucket's last step) and ``series`` (each bucket's mean per
     series, None without values), as of ``job.metrics_offset``."""
     key = (
-        f"job-series:{job.id}:{job.points_rebuilt_offset}:{max_points}:{','.join(series)}"
+        cache.key_job_series_state(
+            job_id=job.id,
+            rebuilt_offset=job.points_rebuilt_offset,
+            max_points=max_points,
+            series=series,
+        )
         if job.points_totals_valid
         else None
     )
-    state = cache.get(key) if key else None
+    state = cache.get(cache.JOB_SERIES_STATE, key) if key else None
     if state is None:
         state = _build(job, max_points, series)
         if state is None:

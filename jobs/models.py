@@ -72,6 +72,17 @@ class Job(SlurmTracked):
         default=dict, blank=True, help_text="Extra environment variables for the job's ranks."
     )
     switches_requested = models.CharField(max_length=64, blank=True)
+    # Nodes Slurm must not place the job on (``--exclude``): a recovery leaves out the
+    # nodes the evidence of its incidents points at.
+    exclude_nodes = models.CharField(max_length=1024, blank=True)
+    # The job's own recovery settings over its cluster's policy (``jobs.recovery_settings``).
+    recovery = models.JSONField(default=dict, blank=True)
+    # The first logged step whose loss was NaN or infinite (set by ingest): recovery's
+    # evidence that the run diverged.
+    nonfinite_loss_step = models.PositiveIntegerField(null=True, blank=True)
+    # Straggler evidence from the trainer's per-rank timings, kept by ingest
+    # (``jobs.stragglers``): which ranks were slow, on which node, for how many intervals.
+    rank_timing = models.JSONField(null=True, blank=True)
 
     state = models.CharField(max_length=16, choices=State.choices, default=State.QUEUED)
     state_reason = models.CharField(max_length=512, blank=True)
@@ -217,6 +228,9 @@ class JobEvent(models.Model):
         TARGET_REACHED = "target_reached", "target reached"
         CHECKPOINT_FAILED = "checkpoint_failed", "checkpoint failed"
         DONE = "done", "training done"
+        # Written by recovery (``recovery``): an incident opened, and what recovery did.
+        INCIDENT = "incident", "incident"
+        RECOVERY = "recovery", "recovery"
 
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="events")
     at = models.DateTimeField(auto_now_add=True)
@@ -283,6 +297,10 @@ class Checkpoint(models.Model):
     state_keys = models.JSONField(default=list, blank=True)
     world_size = models.PositiveSmallIntegerField(null=True, blank=True)
     manifest = models.JSONField(default=dict, blank=True)
+    # ``trainer.schema.manifest_digest`` of the manifest Gantry read when it registered the
+    # checkpoint: drills and integrity checks hold the directory to it (and to ``step``), so
+    # another checkpoint put in its place fails as ``not_as_registered``. Empty: unknown.
+    manifest_digest = models.CharField(max_length=64, blank=True)
     integrity = models.CharField(
         max_length=16, choices=Integrity.choices, default=Integrity.UNVERIFIED
     )

@@ -16,6 +16,7 @@ from django.db import transaction
 from core.access import require_can_act
 from core.audit import AuditAction, audit_event_record
 from core.errors import ConflictError
+from core.types import User
 from jobs.lifecycle import JOBS, job_event
 from jobs.models import Job, JobEvent
 from jobs.pending import pending_reason, pending_reason_parts
@@ -140,7 +141,7 @@ def _pending_in_slurm(job: Job, what: str) -> None:
         )
 
 
-def _hold_or_release(*, actor: Any, job: Job, hold: bool) -> str:
+def _hold_or_release(*, actor: User, job: Job, hold: bool) -> str:
     verb = "held" if hold else "released"
     require_can_act(actor, owner_id=job.owner_id, what="hold or release this job")
     # Slurm holds a running job without complaint (and changes nothing): check first.
@@ -172,7 +173,7 @@ def _hold_or_release(*, actor: Any, job: Job, hold: bool) -> str:
     return verb
 
 
-def job_hold(*, actor: Any, job: Job) -> str:
+def job_hold(*, actor: User, job: Job) -> str:
     """Hold a job that is pending in Slurm (``scontrol hold``), owner or operator, audited.
 
     Accepts ``pending`` only. Safe to re-run: holding a held job changes nothing in Slurm
@@ -181,7 +182,7 @@ def job_hold(*, actor: Any, job: Job) -> str:
     return _hold_or_release(actor=actor, job=job, hold=True)
 
 
-def job_release(*, actor: Any, job: Job) -> str:
+def job_release(*, actor: User, job: Job) -> str:
     """Release a held job (``scontrol release``), owner or operator, audited. Accepts
     ``pending`` only; releasing a job that is not held changes nothing in Slurm."""
     return _hold_or_release(actor=actor, job=job, hold=False)

@@ -8,12 +8,10 @@ request a job is composed from, and the verdict on a job's actual placement.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from django.core.cache import cache
-
+from core import cache
 from core.errors import FieldError
 from jobs.models import Job
 from jobs.validation import JobRequest, job_request_validate
@@ -146,11 +144,6 @@ def job_placement_check(job: Job) -> JobPlacementCheck | None:
     )
 
 
-# A placed job's nodes stay its nodes while it runs: its verdict and the leaf switches
-# under it are worked out once per allocation (the key names the job and its node list).
-PLACEMENT_CACHE_SECONDS = 7 * 86_400
-
-
 @dataclass(frozen=True)
 class JobPlacement:
     """What the job page says of where a job runs: the verdict (None before placement)
@@ -173,28 +166,23 @@ def job_switches_spanned(job: Job) -> list[str]:
     return sorted(set(leaves))
 
 
-def _placement_key(
-    job_id: object, allocated_nodes: str, nodelist_requested: str, switches_requested: str
-) -> str:
-    request = "|".join((allocated_nodes, nodelist_requested, switches_requested))
-    digest = hashlib.blake2b(request.encode(), digest_size=16).hexdigest()
-    return f"job-placement:{job_id}:{digest}"
-
-
 def job_placement(job: Job) -> JobPlacement:
     """``job_placement_check`` and ``job_switches_spanned``, computed once per allocation:
     the check reads every node of the cluster, too much for a page polled every few
-    seconds. Nothing to compute (and no query) before the job is placed."""
+    seconds. Nothing to compute (and no query) before the job is placed. A placed job's
+    nodes stay its nodes while it runs: the key names the job and its allocation."""
     if not job.allocated_nodes:
         return JobPlacement(check=None, switches=[])
-    key = _placement_key(
-        job.id, job.allocated_nodes, job.nodelist_requested, job.switches_requested
+    return cache.get_or_set(
+        cache.JOB_PLACEMENT,
+        cache.key_job_placement(
+            job_id=job.id,
+            allocated_nodes=job.allocated_nodes,
+            nodelist_requested=job.nodelist_requested,
+            switches_requested=job.switches_requested,
+        ),
+        lambda: JobPlacement(check=job_placement_check(job), switches=job_switches_spanned(job)),
     )
-    placement = cache.get(key)
-    if placement is None:
-        placement = JobPlacement(check=job_placement_check(job), switches=job_switches_spanned(job))
-        cache.set(key, placement, timeout=PLACEMENT_CACHE_SECONDS)
-    return placement  # type: ignore[no-any-return]
 
 
 def job_placement_known(
@@ -204,7 +192,13 @@ def job_placement_known(
     job is not placed, or its verdict is in the cache); None when it would compute it."""
     if not allocated_nodes:
         return JobPlacement(check=None, switches=[])
-    found = cache.get(
-        _placement_key(job_id, allocated_nodes, nodelist_requested, switches_requested)
+    found = cache.peek(
+        cache.JOB_PLACEMENT,
+        cache.key_job_placement(
+            job_id=job_id,
+            allocated_nodes=allocated_nodes,
+            nodelist_requested=nodelist_requested,
+            switches_requested=switches_requested,
+        ),
     )
     return found if isinstance(found, JobPlacement) else None

@@ -33,6 +33,32 @@ class RunFilesResult:
     metric_points: int = 0
     checkpoints: int = 0
     errors: list[str] = field(default_factory=list)
+    # Jobs whose run directory the listing reached this time (read or not).
+    seen: set[Any] = field(default_factory=set)
+
+
+# The most of a user-written file the worker reads as evidence (see ``read_bounded``).
+ACCEPTANCE_MAX_BYTES = 1 << 20
+MANIFEST_MAX_BYTES = 16 << 20
+
+
+def _json_evidence(
+    job: Job, transport: Any, path: str, max_bytes: int, result: RunFilesResult
+) -> Any:
+    """A JSON file of the job's run directory, read bounded; None when it is missing, not
+    JSON, or refused (not a regular file, too large: an error of this job, listed)."""
+    try:
+        data = transport.read_bounded(path, max_bytes)
+    except slurm_errors.RemoteFileNotFound:
+        return None
+    except slurm_errors.RemoteFileRefused as refused:
+        result.errors.append(f"job {job.id}: {refused}")
+        return None
+    result.sftp_reads += 1
+    try:
+        return json.loads(data)
+    except (ValueError, RecursionError):
+        return None
 
 
 def _read_run_files(
@@ -55,12 +81,11 @@ def _read_run_files(
             wanted -= new_offset - offset
             offset = new_offset
     if files.acceptance and job.acceptance is None:
-        try:
-            acceptance = json.loads(transport.get_bytes(f"{directory}/acceptance.json"))
-            result.sftp_reads += 1
+        acceptance = _json_evidence(
+            job, transport, f"{directory}/acceptance.json", ACCEPTANCE_MAX_BYTES, result
+        )
+        if acceptance is not None:
             Job.objects.filter(id=job.id, acceptance__isnull=True).update(acceptance=acceptance)
-        except (ValueError, slurm_errors.RemoteFileNotFound):
-            pass
     present = {path.rsplit("/", 2)[-2] for path in files.manifests}
     for step_name in sorted(known_steps - present):
         # The trainer's retention (checkpoint_keep) deleted it: keep the row, say so.
@@ -72,11 +97,9 @@ def _read_run_files(
         step_dir = manifest_path.rsplit("/", 2)[-2]
         if step_dir in known_steps:
             continue
-        try:
-            manifest = json.loads(transport.get_bytes(manifest_path))
-        except (ValueError, slurm_errors.RemoteFileNotFound):
+        manifest = _json_evidence(job, transport, manifest_path, MANIFEST_MAX_BYTES, result)
+        if not isinstance(manifest, dict):
             continue
-        result.sftp_reads += 1
         if checkpoint_register(job=job, manifest_path=manifest_path, manifest=manifest):
             result.checkpoints += 1
 
@@ -142,6 +165,7 @@ def _read_group(
     directories = {job.id: run_dir(cluster.workdir, str(job.id), job.run_as) for job in jobs}
     # A directory the listing could not reach is unknown, not empty: read next cycle.
     jobs = [job for job in jobs if directories[job.id] in listed]
+    result.seen.update(job.id for job in jobs)
     known: dict[Any, set[str]] = {job.id: set() for job in jobs}
     for job_id, step in Checkpoint.objects.filter(job__in=jobs).values_list("job_id", "step"):
         known[job_id].add(f"step-{step:06d}")

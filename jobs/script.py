@@ -8,7 +8,18 @@ from __future__ import annotations
 
 import trainer
 from jobs.models import Job
-from runs.runtime import ScriptSpec, render_sbatch, run_dir, trainer_dir
+from jobs.validation import environment_extra_allowed
+from nodes.environment import default_allowed
+from runs.runtime import EnvironmentRefused, ScriptSpec, render_sbatch, run_dir, trainer_dir
+
+
+def _extra_allowed(job: Job) -> tuple[str, ...]:
+    """The cluster's additions to the environment allow-list, read only when one of the
+    job's names needs them (the job page declares what it reads: jobs.page_versions)."""
+    environment = job.environment or {}
+    if all(isinstance(name, str) and default_allowed(name) for name in environment):
+        return ()
+    return environment_extra_allowed(job.cluster)
 
 
 def job_script_spec(job: Job, *, trainer_path: str, resume_path: str | None) -> ScriptSpec:
@@ -32,18 +43,23 @@ def job_script_spec(job: Job, *, trainer_path: str, resume_path: str | None) -> 
         time_limit_minutes=job.time_limit_minutes,
         nodelist=job.nodelist_requested,
         switches=job.switches_requested,
+        exclude=job.exclude_nodes,
         trainer_args=tuple(args),
         environment=tuple(sorted((job.environment or {}).items())),
+        allowed_environment=_extra_allowed(job),
         rank_output=True,
     )
 
 
 def job_script(job: Job) -> str:
-    """The exact script this job runs (the trainer directory depends only on its version)."""
-    return render_sbatch(
-        job_script_spec(
-            job,
-            trainer_path=trainer_dir(job.cluster.workdir, trainer.source_digest()),
-            resume_path=job.resume_from.path if job.resume_from else None,
-        )
+    """The exact script this job runs (the trainer directory depends only on its version).
+    A job whose environment the policy refuses (saved before it) has none: say why."""
+    spec = job_script_spec(
+        job,
+        trainer_path=trainer_dir(job.cluster.workdir, trainer.source_digest()),
+        resume_path=job.resume_from.path if job.resume_from else None,
     )
+    try:
+        return render_sbatch(spec)
+    except EnvironmentRefused as error:
+        return f"# Gantry will not submit this job: {error}\n"

@@ -17,8 +17,10 @@ from core.access import require_can_act
 from core.audit import AuditAction, audit_event_record
 from core.errors import FieldError
 from core.roles import is_operator, is_researcher
+from core.types import User
 from jobs.lifecycle import JOBS, job_event
 from jobs.models import Checkpoint, Job, JobEvent
+from jobs.recovery_settings import recovery_overrides_validate
 from jobs.script import job_script
 from jobs.validation import JobRequest, job_request_validate, validate_environment
 from nodes.cluster_access import transport_as
@@ -31,7 +33,7 @@ from runs.runtime import run_dir
 def _job_from_request(
     request: JobRequest,
     *,
-    owner: Any,
+    owner: User,
     config: dict[str, Any],
     job_id: uuid.UUID | None,
     run_as: str,
@@ -52,19 +54,21 @@ def _job_from_request(
         memory_mb=request.memory_mb,
         time_limit_minutes=request.time_limit_minutes,
         nodelist_requested=request.nodelist,
+        exclude_nodes=request.exclude,
+        recovery=recovery_overrides_validate(request.recovery),
         switches_requested=request.switches,
-        environment=validate_environment(request.environment),
+        environment=validate_environment(request.environment, cluster=request.cluster),
         total_steps=config.get("steps"),
     )
 
 
-def _require_submitter(user: Any) -> None:
+def _require_submitter(user: User) -> None:
     if not is_researcher(user):
         raise PermissionDenied("You need the researcher or operator role to submit jobs.")
 
 
 def job_preview(
-    *, user: Any, request: JobRequest, job_id: uuid.UUID | None = None
+    *, user: User, request: JobRequest, job_id: uuid.UUID | None = None
 ) -> tuple[Job, str]:
     """Validate and render the sbatch script without saving anything."""
     _require_submitter(user)
@@ -76,7 +80,7 @@ def job_preview(
 
 def job_submit(
     *,
-    user: Any,
+    user: User,
     request: JobRequest,
     job_id: uuid.UUID | None = None,
     parent: Job | None = None,
@@ -137,7 +141,7 @@ def job_submit_gave_up(*, job_id: str, error: BaseException) -> None:
     JOBS.submit_gave_up(job_id, error)
 
 
-def job_cancel(*, actor: Any, job: Job) -> str:
+def job_cancel(*, actor: User, job: Job) -> str:
     """Cancel a job (owner or operator); idempotent. Accepts any state; a final job is left
     as it is. Before Slurm has it, the job ends at once; after, ``scancel`` is sent and the
     watcher records the final state."""
@@ -152,7 +156,7 @@ def job_cancel(*, actor: Any, job: Job) -> str:
     return JOBS.cancel(job, by=actor.get_username(), audit=audit)
 
 
-def job_delete(*, actor: Any, job: Job) -> None:
+def job_delete(*, actor: User, job: Job) -> None:
     """Delete a job's record (operators only), audited. Refused for a job that has, or may
     still get, a Slurm job: its record is what keeps that Slurm job tracked."""
     if not is_operator(actor):
@@ -176,12 +180,13 @@ def job_delete(*, actor: Any, job: Job) -> None:
 
 def job_resume(
     *,
-    actor: Any,
+    actor: User,
     checkpoint: Checkpoint,
     name: str | None = None,
     steps: int | None = None,
     overrides: dict[str, Any] | None = None,
     environment: dict[str, str] | None = None,
+    origin: dict[str, Any] | None = None,
 ) -> Job:
     """A new job that continues from ``checkpoint`` (the trainer's ``--resume``), linked to
     its parent, with the parent's resources and environment unless overridden. Refused
@@ -215,6 +220,8 @@ def job_resume(
         "time_limit_minutes": parent.time_limit_minutes,
         "nodelist": "",
         "switches": parent.switches_requested,
+        "exclude": parent.exclude_nodes,
+        "recovery": dict(parent.recovery or {}),
     }
     values.update(overrides or {})
     request = JobRequest(
@@ -230,6 +237,7 @@ def job_resume(
         parent=parent,
         resume_from=checkpoint,
         run_as=_resume_account(parent),
+        origin=origin,
     )
 
 

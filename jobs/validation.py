@@ -12,6 +12,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from core.errors import FieldError
+from jobs.recovery_settings import recovery_overrides_validate
+from nodes.environment import NAME as ENV_NAME
+from nodes.environment import environment_name_refused
 from nodes.models import Cluster, Gpu, Node, Partition
 from nodes.slurm import commands as slurm_commands
 from nodes.slurm.hostlist import expand
@@ -19,16 +22,6 @@ from trainer.config import ConfigError
 from trainer.config import validate as trainer_config_validate
 
 CONTROL_CHARACTERS = re.compile(r"[\x00-\x1f\x7f]")
-_ENV_NAME = re.compile(r"[A-Z_][A-Z0-9_]{0,63}")
-# Names the script itself sets, or that would change what runs.
-_ENV_RESERVED = {
-    "PATH",
-    "PYTHONPATH",
-    "LD_PRELOAD",
-    "LD_LIBRARY_PATH",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-}
 
 
 @dataclass(frozen=True)
@@ -47,29 +40,43 @@ class JobRequest:
     nodelist: str
     switches: str
     environment: dict[str, str] | None = None
+    # Nodes to leave out (``--exclude``, a node list expression); recovery's settings.
+    exclude: str = ""
+    recovery: dict[str, Any] | None = None
 
 
-def validate_environment(environment: dict[str, str] | None) -> dict[str, str]:
-    """Extra variables for the ranks: ``NAME: value`` with safe names and printable values."""
+def validate_environment(
+    environment: dict[str, str] | None, *, cluster: Cluster | None = None
+) -> dict[str, str]:
+    """Extra variables for the ranks: ``NAME: value``, each name on the allow-list of
+    ``nodes.environment`` (the defaults and what ``cluster``'s operator added, never a
+    hard-denied name) and each value printable. Refused (400) naming the variable and why.
+    """
     if not environment:
         return {}
     if not isinstance(environment, dict):
         raise FieldError("environment", "must be an object of NAME: value")
     if len(environment) > 32:
         raise FieldError("environment", "at most 32 variables")
+    extra = environment_extra_allowed(cluster)
     clean: dict[str, str] = {}
     for name, value in environment.items():
-        # fullmatch: a "$"-anchored match would accept a trailing newline ("FOO\n").
-        if not isinstance(name, str) or not _ENV_NAME.fullmatch(name):
-            raise FieldError("environment", f"{name!r} is not a variable name (A-Z, 0-9, _)")
-        if name in _ENV_RESERVED or name.startswith("SLURM_"):
-            raise FieldError("environment", f"{name} is set by Gantry or Slurm")
+        why = environment_name_refused(name, extra)
+        if why:
+            shown = name if isinstance(name, str) and ENV_NAME.fullmatch(name) else repr(name)
+            raise FieldError("environment", f"{shown} {why}")
         if not isinstance(value, str) or len(value) > 1024 or CONTROL_CHARACTERS.search(value):
             raise FieldError(
                 "environment", f"{name}: a string of at most 1024 characters, no control characters"
             )
         clean[name] = value
     return clean
+
+
+def environment_extra_allowed(cluster: Cluster | None) -> tuple[str, ...]:
+    """What ``cluster``'s operator allows on top of the defaults (entries as stored)."""
+    entries = getattr(cluster, "extra_allowed_environment", None) or ()
+    return tuple(entry for entry in entries if isinstance(entry, str))
 
 
 def validate_job_name(name: str) -> str:
@@ -214,6 +221,23 @@ def _check_placement_options(
             )
     if request.switches and not re.fullmatch(r"\d+(@\d+)?", request.switches):
         raise FieldError("switches", "use COUNT or COUNT@MINUTES, e.g. 1@10")
+    if request.exclude:
+        _check_exclude(request, partition, candidates)
+
+
+def _check_exclude(request: JobRequest, partition: Partition, candidates: list[Node]) -> None:
+    try:
+        left_out = set(expand(request.exclude))
+        slurm_commands.check_hostlist(request.exclude)
+    except ValueError as error:
+        raise FieldError("exclude", f"not a node list expression: {error}") from None
+    remaining = [node for node in candidates if node.name not in left_out]
+    if len(remaining) < request.nodes:
+        raise FieldError(
+            "exclude",
+            f"leaving out {', '.join(sorted(left_out))} leaves {len(remaining)} node(s) of "
+            f"{partition.name} that fit, {request.nodes} requested",
+        )
 
 
 def job_request_validate(request: JobRequest) -> dict[str, Any]:
@@ -232,5 +256,6 @@ def job_request_validate(request: JobRequest) -> dict[str, Any]:
     _check_gpus(request, partition, candidates)
     _check_cpus_and_memory(request, partition, candidates)
     _check_placement_options(request, partition, candidates)
-    validate_environment(request.environment)
+    validate_environment(request.environment, cluster=request.cluster)
+    recovery_overrides_validate(request.recovery)
     return config

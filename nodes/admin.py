@@ -8,6 +8,7 @@ from django.contrib.admin.helpers import ActionForm
 from django.db.models import Count, Q, QuerySet
 from django.http import HttpRequest
 
+from core.access import request_user
 from core.admin_helpers import ServiceDeleteMixin, admin_changelist_link, admin_link
 from core.errors import ApplicationError
 from nodes.identity_admin import ClusterIdentityActions, ClusterIdentityAdmin
@@ -118,7 +119,7 @@ class ClusterRegisterForm(forms.ModelForm):
             return data
         try:
             self.registration = cluster_register(
-                actor=self.request.user if self.request else None,
+                actor=request_user(self.request) if self.request else None,
                 name=data["name"],
                 description=data.get("description", ""),
                 ssh_host=data["ssh_host"],
@@ -196,9 +197,18 @@ class ClusterAdmin(ClusterIdentityActions, ServiceDeleteMixin, admin.ModelAdmin)
         ("On the cluster", {"fields": ["workdir", "python", "default_partition"]}),
         (
             "Jobs run as the researcher",
-            {"fields": ["user_auth", "user_ca", "identities_link"]},
+            {
+                "fields": [
+                    "user_auth",
+                    "user_ca",
+                    "certificate_source_addresses",
+                    "identities_link",
+                ]
+            },
         ),
         ("Work at risk", {"fields": ["proven_checkpoint_max_age_minutes"]}),
+        ("Job environment", {"fields": ["extra_allowed_environment"]}),
+        ("Restore drills that count as proof", {"fields": ["verifier_account"]}),
         (
             "Slurm (from the last probe and sync)",
             {
@@ -282,7 +292,7 @@ class ClusterAdmin(ClusterIdentityActions, ServiceDeleteMixin, admin.ModelAdmin)
         if change:
             changed = {key: form.cleaned_data[key] for key in form.changed_data}
             if changed:
-                cluster_update(actor=request.user, cluster=obj, **changed)
+                cluster_update(actor=request_user(request), cluster=obj, **changed)
             return
         # cluster_register saved it already; point the admin at the saved row.
         registered = form.registration.cluster
@@ -313,13 +323,15 @@ class ClusterAdmin(ClusterIdentityActions, ServiceDeleteMixin, admin.ModelAdmin)
         if queryset.count() != 1:
             self.message_user(request, "Select exactly one cluster.", level=messages.ERROR)
             return
-        cluster = cluster_update(actor=request.user, cluster=queryset.get(), is_default=True)
+        cluster = cluster_update(
+            actor=request_user(request), cluster=queryset.get(), is_default=True
+        )
         self.message_user(request, f"{cluster.name} is the default cluster now.")
 
     @admin.action(description="Sync the selected clusters now")
     def sync_now(self, request: HttpRequest, queryset: QuerySet[Cluster]) -> None:
         for cluster in queryset:
-            cluster_sync_request(actor=request.user, cluster=cluster)
+            cluster_sync_request(actor=request_user(request), cluster=cluster)
         self.message_user(request, f"Sync requested for {queryset.count()} cluster(s).")
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Cluster]:
@@ -440,7 +452,7 @@ class NodeAdmin(admin.ModelAdmin):
         reason = request.POST.get("reason", "")
         for node in queryset.select_related("cluster"):
             try:
-                node_drain(actor=request.user, node=node, reason=reason)
+                node_drain(actor=request_user(request), node=node, reason=reason)
                 self.message_user(request, f"{node.name}: {node.state}")
             except ApplicationError as error:
                 self.message_user(request, f"{node.name}: {error.message}", messages.ERROR)
@@ -449,7 +461,7 @@ class NodeAdmin(admin.ModelAdmin):
     def resume_nodes(self, request: HttpRequest, queryset: QuerySet[Node]) -> None:
         for node in queryset.select_related("cluster"):
             try:
-                node_resume(actor=request.user, node=node)
+                node_resume(actor=request_user(request), node=node)
                 self.message_user(request, f"{node.name}: {node.state}")
             except ApplicationError as error:
                 self.message_user(request, f"{node.name}: {error.message}", messages.ERROR)

@@ -14,6 +14,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from core.access import request_user
 from core.api import CursorPagination
 from core.permissions import IsOperator, IsResearcherOrOperator
 from nodes.identities import sshd_config_line
@@ -65,6 +66,7 @@ class ClusterSerializer(serializers.ModelSerializer):
             "python",
             "default_partition",
             "proven_checkpoint_max_age_minutes",
+            "verifier_account",
             "slurm_version",
             "slurm_cluster_name",
             "accounting_available",
@@ -161,7 +163,8 @@ class ClusterDetailApi(generics.RetrieveAPIView):
 class ClusterUpdateApi(APIView):
     """Change what may change on a registered cluster (operators): the description, the
     default flag, the work directory, the Python, the default partition and the maximum
-    age of a running job's newest proven checkpoint (``null``: no limit). Validated and
+    age of a running job's newest proven checkpoint (``null``: no limit), the account
+    drills that count as proof run as (``verifier_account``). Validated and
     audited (``cluster.update`` with the values before and after)."""
 
     permission_classes = [IsOperator]
@@ -175,6 +178,8 @@ class ClusterUpdateApi(APIView):
         proven_checkpoint_max_age_minutes = serializers.IntegerField(
             min_value=1, max_value=525600, required=False, allow_null=True
         )
+        # The account drills that count as proof run as ("": drills are self-attested).
+        verifier_account = serializers.CharField(max_length=32, required=False, allow_blank=True)
 
     @extend_schema(request=InputSerializer, responses=ClusterSerializer)
     def patch(self, request: Request, cluster_id: int) -> Response:
@@ -182,7 +187,7 @@ class ClusterUpdateApi(APIView):
         data = self.InputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         if data.validated_data:
-            cluster_update(actor=request.user, cluster=cluster, **data.validated_data)
+            cluster_update(actor=request_user(request), cluster=cluster, **data.validated_data)
         updated = Cluster.objects.prefetch_related("partitions").get(pk=cluster.pk)
         return Response(ClusterSerializer(updated).data)
 
@@ -274,7 +279,7 @@ class ClusterRegisterApi(APIView):
         data.is_valid(raise_exception=True)
         values = dict(data.validated_data)
         registration = cluster_register(
-            actor=request.user,
+            actor=request_user(request),
             name=values["name"],
             description=values["description"],
             ssh_host=values["ssh_host"],
@@ -306,7 +311,7 @@ class ClusterProbeApi(APIView):
     @extend_schema(request=None, responses=ProbeSerializer)
     def post(self, request: Request, cluster_id: int) -> Response:
         cluster = get_object_or_404(Cluster, pk=cluster_id)
-        info = cluster_probe(actor=request.user, cluster=cluster)
+        info = cluster_probe(actor=request_user(request), cluster=cluster)
         return Response(ProbeSerializer(_probe_data(info)).data)
 
 
@@ -322,7 +327,7 @@ class ClusterSyncApi(APIView):
     @extend_schema(request=None, responses={202: OutputSerializer})
     def post(self, request: Request, cluster_id: int) -> Response:
         cluster = get_object_or_404(Cluster, pk=cluster_id)
-        cluster_sync_request(actor=request.user, cluster=cluster)
+        cluster_sync_request(actor=request_user(request), cluster=cluster)
         poll = reverse("api:cluster-detail", args=[cluster.pk])
         return Response(
             self.OutputSerializer({"cluster_id": cluster.pk, "poll": poll}).data,
@@ -394,7 +399,7 @@ class NodeDrainApi(APIView):
         node = get_object_or_404(Node.objects.select_related("cluster"), pk=node_id)
         data = self.InputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        node_drain(actor=request.user, node=node, reason=data.validated_data["reason"])
+        node_drain(actor=request_user(request), node=node, reason=data.validated_data["reason"])
         return Response(NodeSerializer(node_list(include_gone=True).get(pk=node.pk)).data)
 
 
@@ -406,7 +411,7 @@ class NodeResumeApi(APIView):
     @extend_schema(request=None, responses=NodeSerializer)
     def post(self, request: Request, node_id: int) -> Response:
         node = get_object_or_404(Node.objects.select_related("cluster"), pk=node_id)
-        node_resume(actor=request.user, node=node)
+        node_resume(actor=request_user(request), node=node)
         return Response(NodeSerializer(node_list(include_gone=True).get(pk=node.pk)).data)
 
 

@@ -4,6 +4,8 @@ Two kinds of login: the service account (``transport_for``: inventory, the watch
 squeue/sacct, tag lookups, the shared trainer archive, operator actions that need Slurm
 admin rights) and a cluster account Gantry acts as for a user (``transport_as``: a
 short-lived certificate signed by the cluster's user CA, or the per-user key Gantry made).
+Where this process may not read the CA key (``GANTRY_CA_KEY_ACCESS=signer``: the web
+processes), a worker signs each certificate (``nodes.signer``).
 
 Private keys (the service account's, the user CA's, per-user keys) live under
 ``GANTRY_DATA_DIR/ssh/<cluster>/`` with mode 0600 in 0700 directories, never in the
@@ -12,17 +14,20 @@ database; the database keeps only file names, public keys and the pinned fingerp
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 from django.conf import settings
 
-from nodes.models import Cluster
-from nodes.slurm.certificates import CertificateSpec, check_principal
+from nodes.models import Cluster, ClusterIdentity
+from nodes.signer_client import PURPOSE_WEB, remote_signer
+from nodes.slurm.certificates import CertificateSpec, check_principal, check_source_addresses
 from nodes.slurm.client import SlurmClient
 from nodes.slurm.connect import SshConfig
-from nodes.slurm.errors import SshConfigurationError
+from nodes.slurm.errors import SshConfigurationError, local_file_error
 from nodes.slurm.transport import PoolLimits, SshTransport, get_transport
 
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
@@ -88,7 +93,12 @@ def user_key_path(cluster: Cluster, account: str) -> Path:
 
 
 def _config(
-    cluster: Cluster, *, user: str, key_path: str, certificate: CertificateSpec | None = None
+    cluster: Cluster,
+    *,
+    user: str,
+    key_path: str,
+    certificate: CertificateSpec | None = None,
+    public_key: str = "",
 ) -> SshConfig:
     return SshConfig(
         host=cluster.ssh_host,
@@ -100,12 +110,26 @@ def _config(
         command_timeout=settings.SSH_COMMAND_TIMEOUT,
         expected_fingerprint=cluster.host_key_fingerprint or None,
         certificate=certificate,
+        public_key=public_key,
     )
+
+
+@contextlib.contextmanager
+def _local_files(cluster: Cluster) -> Iterator[None]:
+    """Making the key directories or rewriting known_hosts failed: one of our errors, which
+    a task retries when the errno passes (EIO, EMFILE, a stale NFS handle, a full disk)."""
+    try:
+        yield
+    except OSError as error:
+        raise local_file_error(
+            f"cannot prepare Gantry's SSH files for cluster {cluster.name}", error
+        ) from error
 
 
 def ssh_config_for(cluster: Cluster) -> SshConfig:
     """The service account's login."""
-    return _config(cluster, user=cluster.ssh_user, key_path=str(private_key_path(cluster)))
+    with _local_files(cluster):
+        return _config(cluster, user=cluster.ssh_user, key_path=str(private_key_path(cluster)))
 
 
 def ssh_config_as(cluster: Cluster, account: str) -> SshConfig:
@@ -119,16 +143,46 @@ def ssh_config_as(cluster: Cluster, account: str) -> SshConfig:
         raise SshConfigurationError(
             f"{account!r} is {cluster.name}'s service account; Gantry never acts as it for a user"
         )
+    with _local_files(cluster):
+        return _config_as(cluster, account)
+
+
+def certificate_spec(cluster: Cluster, account: str, *, purpose: str = "") -> CertificateSpec:
+    """How a certificate for ``account`` on ``cluster`` is made: the namespaced principal,
+    the cluster's source addresses, ``GANTRY_SSH_CERT_MINUTES``; signed with the CA key
+    file where this process may read it, else by the signer queue (``purpose`` names who
+    asked, in the key id). ValueError for an account Gantry never certifies (root, a
+    system account, the service account)."""
+    local = settings.CA_KEY_ACCESS == "local"
+    key_id = f"gantry:{cluster.name}:{account}"
+    if purpose or not local:
+        # sshd logs the key id with each login: who asked for the certificate shows.
+        key_id += f":{purpose or PURPOSE_WEB}"
+    return CertificateSpec(
+        cluster=cluster.name,
+        account=account,
+        service_account=cluster.ssh_user,
+        ca_key_path=str(user_ca_key_path(cluster)) if local else "",
+        key_id=key_id,
+        valid_seconds=settings.SSH_CERTIFICATE_MINUTES * 60,
+        source_addresses=check_source_addresses(cluster.certificate_source_addresses),
+        signer=None if local else remote_signer,
+    )
+
+
+def _config_as(cluster: Cluster, account: str) -> SshConfig:
     if cluster.user_auth == Cluster.UserAuth.CERTIFICATE:
-        spec = CertificateSpec(
-            ca_key_path=str(user_ca_key_path(cluster)),
-            principal=account,
-            key_id=f"gantry:{cluster.name}:{account}",
-            valid_seconds=settings.SSH_CERTIFICATE_MINUTES * 60,
-        )
+        spec = certificate_spec(cluster, account)
         return _config(cluster, user=account, key_path="", certificate=spec)
     if cluster.user_auth == Cluster.UserAuth.USER_KEYS:
-        return _config(cluster, user=account, key_path=str(user_key_path(cluster, account)))
+        # The public half the user installed: the key file is checked against it at login.
+        public_key = (
+            ClusterIdentity.objects.filter(cluster=cluster, account=account)
+            .values_list("public_key", flat=True)
+            .first()
+        )
+        key_path = str(user_key_path(cluster, account))
+        return _config(cluster, user=account, key_path=key_path, public_key=public_key or "")
     raise SshConfigurationError(
         f"{cluster.name} is in service-account mode: Gantry cannot act as {account!r} there "
         "(this work was submitted as that account; switch the cluster back to certificates "

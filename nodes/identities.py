@@ -5,8 +5,18 @@ Modes (``Cluster.user_auth``):
 
 - ``certificate`` (the default): Gantry holds an Ed25519 CA per cluster (a 0600 file under
   the data directory, never shown) and signs a certificate valid for minutes
-  (``GANTRY_SSH_CERT_MINUTES``) for the mapped account whenever it connects as it. The
-  login node trusts the CA with one line: ``TrustedUserCAKeys <file with the public key>``.
+  (``GANTRY_SSH_CERT_MINUTES``) whenever it connects as a mapped account. Its one principal
+  is ``gantry:<cluster>:<account>`` (``nodes.slurm.certificates``), with ``source-address``
+  when the cluster has ``certificate_source_addresses``. The login node trusts the CA and
+  maps principals to accounts with the lines ``sshd_config_lines`` gives (shown on the
+  access page, the admin, the API and ``manage.py cluster_user_ca``):
+  ``TrustedUserCAKeys <file with the public key(s): trusted_ca_keys>``,
+  ``AuthorizedPrincipalsCommand /usr/local/sbin/gantry-principals --cluster <name>
+  --service-account <user> %u`` (``scripts/gantry-principals``: nothing for root, system
+  accounts and the service account) and ``AuthorizedPrincipalsCommandUser nobody``. The
+  web processes never read the CA key: they ask a worker (``nodes.signer``). A rotation
+  (``manage.py gantry_ca_rotate``, ``nodes.ca_rotation``) makes a new CA the login nodes
+  trust beside the old one before Gantry signs with it.
 - ``user_keys``: for sites that forbid a CA. Gantry makes one key pair per mapped account;
   the user (or the admin) installs the public key in the account's ``authorized_keys``.
   The private key stays in the data directory.
@@ -17,16 +27,21 @@ Selectors: ``cluster_account_for`` (the account new work of a user runs as, or a
 naming the field and the fix), ``cluster_identity_for_user``, ``cluster_identity_list``.
 Services (operators, audited): ``cluster_identity_set``, ``cluster_identity_delete``,
 ``cluster_user_ca_ensure``, ``cluster_user_auth_set``.
+Where the CA key may be read (workers, manage.py): ``user_ca_key_ensure``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import logging
 import os
+import secrets
+import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
-from django.contrib.auth.models import User
+from django.conf import settings
 from django.core.exceptions import PermissionDenied
 from django.db import IntegrityError, transaction
 from django.db.models import QuerySet
@@ -34,19 +49,26 @@ from django.db.models import QuerySet
 from core.audit import AuditAction, audit_event_record
 from core.errors import FieldError
 from core.roles import is_operator
+from core.types import Actor, User
 from nodes.cluster_access import user_ca_key_path, user_key_path
 from nodes.models import Cluster, ClusterIdentity
+from nodes.signer_client import remote_user_ca_ensure
 from nodes.slurm.certificates import (
     PRINCIPAL,
+    SYSTEM_ACCOUNTS,
     ca_public_line,
     generate_ca_private_key,
     generate_key_pair,
+    public_line,
 )
 
-# Accounts no Gantry user's work may run as, whatever an operator types.
-RESERVED_ACCOUNTS = frozenset(
-    {"root", "daemon", "bin", "sys", "nobody", "slurm", "munge", "sshd", "mysql", "postgres"}
-)
+logger = logging.getLogger(__name__)
+
+# Accounts no Gantry user's work may run as, whatever an operator types: the ones Gantry
+# never certifies either.
+RESERVED_ACCOUNTS = SYSTEM_ACCOUNTS
+# Where the README tells a login node's admin to install scripts/gantry-principals.
+PRINCIPALS_COMMAND = "/usr/local/sbin/gantry-principals"
 NO_IDENTITY_FIX = (
     "ask an operator to map your Gantry user to your account on this cluster "
     "(admin: Cluster identities; API: POST /api/v1/clusters/{id}/identities/)"
@@ -58,15 +80,33 @@ def trusted_ca_file(cluster: Cluster) -> str:
     return f"/etc/ssh/gantry-{cluster.name}-user-ca.pub"
 
 
+def trusted_ca_keys(cluster: Cluster) -> list[str]:
+    """The public key lines the login node's TrustedUserCAKeys file holds: the CA Gantry
+    signs with and, during a rotation, the next one."""
+    lines = (cluster.user_ca_public_key, cluster.user_ca_next_public_key)
+    return [line.strip() for line in lines if line.strip()]
+
+
+def sshd_config_lines(cluster: Cluster) -> list[str]:
+    """The lines the login node's sshd_config needs: trust the CA, and accept for each
+    ordinary account only Gantry's principal for it (``scripts/gantry-principals``)."""
+    return [
+        sshd_config_line(cluster),
+        f"AuthorizedPrincipalsCommand {PRINCIPALS_COMMAND} --cluster {cluster.name} "
+        f"--service-account {cluster.ssh_user} %u",
+        "AuthorizedPrincipalsCommandUser nobody",
+    ]
+
+
 def sshd_config_line(cluster: Cluster) -> str:
-    """The one line the login node's sshd_config needs to trust Gantry's certificates."""
+    """The sshd_config line that trusts Gantry's user CA (the first of ``sshd_config_lines``)."""
     return f"TrustedUserCAKeys {trusted_ca_file(cluster)}"
 
 
 # ---------------------------------------------------------------- selectors
 
 
-def cluster_identity_for_user(*, cluster: Cluster, user: Any) -> ClusterIdentity | None:
+def cluster_identity_for_user(*, cluster: Cluster, user: User) -> ClusterIdentity | None:
     if user is None or not getattr(user, "is_authenticated", False):
         return None
     return ClusterIdentity.objects.filter(cluster=cluster, user=user).first()
@@ -77,7 +117,7 @@ def cluster_identity_list(*, cluster: Cluster | None = None) -> QuerySet[Cluster
     return identities.filter(cluster=cluster) if cluster is not None else identities
 
 
-def cluster_account_for(*, cluster: Cluster, user: Any) -> str:
+def cluster_account_for(*, cluster: Cluster, user: User) -> str:
     """The cluster account new work of ``user`` runs as on ``cluster`` (``""``: the service
     account, on a cluster an operator put in service-account mode).
 
@@ -112,7 +152,7 @@ def cluster_account_for(*, cluster: Cluster, user: Any) -> str:
 # ---------------------------------------------------------------- services
 
 
-def _check_operator(actor: Any) -> None:
+def _check_operator(actor: Actor) -> None:
     """Operators only; ``None`` is Gantry itself (the command line, registration), which no
     request can be: every page and API view passes the signed-in user."""
     if actor is not None and not is_operator(actor):
@@ -135,16 +175,23 @@ def check_account(cluster: Cluster, account: str) -> str:
             f"{account} is the cluster's service account (it has Slurm admin rights); map "
             "the user to their own account",
         )
-    if account in RESERVED_ACCOUNTS:
+    if account in RESERVED_ACCOUNTS or account.startswith("systemd-"):
         raise FieldError("account", f"{account} is a system account")
+    if account == cluster.verifier_account:
+        raise FieldError(
+            "account",
+            f"{account} is the cluster's drill verifier: a user mapped to it could attest "
+            "their own drills",
+        )
     return account
 
 
 def _create_private_file(path: Path, data: bytes) -> bool:
     """Write ``data`` to ``path`` (0600) unless it exists; never replaces a file another
     process made meanwhile. True if this call created it."""
-    temporary = path.with_name(f".{path.name}.new-{os.getpid()}")
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    # A name of this call's own: two threads of one process must not write one temp file.
+    temporary = path.with_name(f".{path.name}.new-{os.getpid()}-{secrets.token_hex(6)}")
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
         os.write(fd, data)
         os.fsync(fd)
@@ -160,17 +207,17 @@ def _create_private_file(path: Path, data: bytes) -> bool:
             os.unlink(temporary)
 
 
-def cluster_user_ca_ensure(*, actor: Any, cluster: Cluster) -> str:
+def cluster_user_ca_ensure(*, actor: Actor, cluster: Cluster) -> str:
     """The public key of the cluster's user CA, creating the CA if there is none (operators,
     or Gantry itself at registration: ``actor`` None). The private key is a 0600 file in the
     cluster's 0700 key directory; only its public half reaches the database, pages and the
-    API. Creating it is audited. Safe to repeat: an existing CA is kept."""
+    API. Creating it is audited. Safe to repeat: an existing CA is kept. A process that
+    may not read the CA key (the web) has the signer make and read it."""
     _check_operator(actor)
-    path = user_ca_key_path(cluster)
-    created = False
-    if not path.exists():
-        created = _create_private_file(path, generate_ca_private_key())
-    public = ca_public_line(path.read_bytes(), f"gantry-user-ca:{cluster.name}")
+    if settings.CA_KEY_ACCESS == "local":
+        public, created = user_ca_key_ensure(cluster)
+    else:
+        public, created = remote_user_ca_ensure(cluster.pk)
     with transaction.atomic():
         current = Cluster.objects.select_for_update().get(pk=cluster.pk)
         if current.user_ca_public_key != public:
@@ -186,21 +233,84 @@ def cluster_user_ca_ensure(*, actor: Any, cluster: Cluster) -> str:
     return public
 
 
+def user_ca_key_ensure(cluster: Cluster) -> tuple[str, bool]:
+    """The cluster's CA key file, made if missing (0600; never replacing one another
+    process made): its public key line, and whether this call made it. Only where the CA
+    key may be read (workers, manage.py)."""
+    path = user_ca_key_path(cluster)
+    created = False
+    if not path.exists():
+        created = _create_private_file(path, generate_ca_private_key())
+    return ca_public_line(path.read_bytes(), f"gantry-user-ca:{cluster.name}"), created
+
+
+@contextlib.contextmanager
+def _key_lock(path: Path) -> Iterator[None]:
+    """One maker of the key at ``path`` at a time, across threads and worker processes (an
+    advisory lock on a file beside it; closing the descriptor releases it)."""
+    fd = os.open(path.with_name(f".{path.name}.lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _stored_public_line(path: Path, comment: str) -> str | None:
+    """The public half of the private key stored at ``path``; None when there is none. An
+    unusable file is moved aside (kept for a person to look at), as if there were none."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    try:
+        return public_line(data, comment)
+    except ValueError as error:
+        aside = path.with_name(f".{path.name}.unusable-{int(time.time())}")
+        os.replace(path, aside)
+        logger.warning("user key %s is unusable (%s); moved it to %s", path, error, aside)
+        return None
+
+
+def user_key_pair_ensure(path: Path, comment: str) -> str:
+    """The public line of the key pair at ``path``, making the pair if there is none. Safe
+    to race (threads, worker processes): see ``_user_key_pair``."""
+    with _key_lock(path):
+        return _user_key_pair(path, comment)
+
+
+def _user_key_pair(path: Path, comment: str) -> str:
+    """Under ``_key_lock(path)``: makers take turns, a new private key is linked in only
+    where none exists, and the public half is always derived from the private key on disk,
+    never from one a losing maker generated."""
+    public = _stored_public_line(path, comment)
+    if public is None:
+        private, _ = generate_key_pair(comment)
+        _create_private_file(path, private)
+        public = _stored_public_line(path, comment)
+    if public is None:
+        raise RuntimeError(f"the user key {path} vanished while it was being made")
+    return public
+
+
 def _ensure_user_key(cluster: Cluster, identity: ClusterIdentity) -> None:
-    """user_keys mode: the account's key pair (private 0600 under the data dir)."""
+    """user_keys mode: the account's key pair (private 0600 under the data dir), one per
+    (cluster, account) however many makers race, and the database's public key the pair of
+    the private key Gantry holds: written under the same lock, so the last write is always
+    the stored key's. An existing key is kept (its public half may already be in the
+    account's authorized_keys); one the database disagrees with is corrected here."""
     path = user_key_path(cluster, identity.account)
-    if path.exists() and identity.public_key:
-        return
-    with contextlib.suppress(FileNotFoundError):
-        path.unlink()
-    private, public = generate_key_pair(f"gantry:{cluster.name}:{identity.account}")
-    _create_private_file(path, private)
+    with _key_lock(path):
+        public = _user_key_pair(path, f"gantry:{cluster.name}:{identity.account}")
+        # Only while the row still maps this account (an operator may be remapping it).
+        ClusterIdentity.objects.filter(pk=identity.pk, account=identity.account).update(
+            public_key=public
+        )
     identity.public_key = public
-    ClusterIdentity.objects.filter(pk=identity.pk).update(public_key=public)
 
 
 def cluster_identity_set(
-    *, actor: Any, cluster: Cluster, user: User, account: str
+    *, actor: Actor, cluster: Cluster, user: User, account: str
 ) -> ClusterIdentity:
     """Map ``user`` to cluster account ``account`` on ``cluster`` (operators; audited with
     the account before and after). One account per user per cluster, one user per account.
@@ -252,7 +362,7 @@ def cluster_identity_set(
     return identity
 
 
-def cluster_identity_delete(*, actor: Any, identity: ClusterIdentity) -> None:
+def cluster_identity_delete(*, actor: Actor, identity: ClusterIdentity) -> None:
     """Remove a mapping (operators; audited): the user can no longer submit there. Work
     already submitted keeps running as its account (Gantry still reads its files)."""
     _check_operator(actor)
@@ -270,7 +380,7 @@ def cluster_identity_delete(*, actor: Any, identity: ClusterIdentity) -> None:
         identity.delete()
 
 
-def cluster_user_auth_set(*, actor: Any, cluster: Cluster, user_auth: str) -> Cluster:
+def cluster_user_auth_set(*, actor: User, cluster: Cluster, user_auth: str) -> Cluster:
     """Change how Gantry acts as users on ``cluster`` (operators; audited). Choosing
     ``service_account`` is the explicit opt-in to the legacy single-account mode; choosing
     ``certificate`` or ``user_keys`` makes sure the credentials exist."""

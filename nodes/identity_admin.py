@@ -12,6 +12,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils.html import format_html
 
+from core.access import request_user
 from core.admin_helpers import ServiceDeleteMixin, admin_changelist_link
 from core.errors import ApplicationError
 from nodes.identities import (
@@ -20,7 +21,9 @@ from nodes.identities import (
     cluster_user_auth_set,
     cluster_user_ca_ensure,
     sshd_config_line,
+    sshd_config_lines,
     trusted_ca_file,
+    trusted_ca_keys,
 )
 from nodes.models import Cluster, ClusterIdentity
 
@@ -45,7 +48,7 @@ class ClusterIdentityForm(forms.ModelForm):
             return data
         try:
             self.saved = cluster_identity_set(
-                actor=self.request.user if self.request else None,
+                actor=request_user(self.request) if self.request else None,
                 cluster=data["cluster"],
                 user=data["user"],
                 account=data["account"],
@@ -92,17 +95,18 @@ class ClusterIdentityAdmin(ServiceDeleteMixin, admin.ModelAdmin):
 
 
 def user_ca_panel(cluster: Cluster) -> str:
-    """The CA's public key and the sshd line, for the cluster's admin page."""
+    """The CA's public key(s) and the sshd lines, for the cluster's admin page."""
     if cluster.user_auth != Cluster.UserAuth.CERTIFICATE:
         return "— (this cluster does not use certificates)"
     if not cluster.user_ca_public_key:
         return "not created yet: use the action “Create the user CA”"
     return format_html(
-        "On the login node, put this line in <code>{}</code>:<br><code>{}</code><br>"
-        "and add to its sshd_config:<br><code>{}</code>",
+        "On the login node, put in <code>{}</code>:<pre>{}</pre>"
+        "install scripts/gantry-principals as <code>/usr/local/sbin/gantry-principals</code> "
+        "(root, mode 755) and add to its sshd_config:<pre>{}</pre>",
         trusted_ca_file(cluster),
-        cluster.user_ca_public_key,
-        sshd_config_line(cluster),
+        "\n".join(trusted_ca_keys(cluster)),
+        "\n".join(sshd_config_lines(cluster)),
     )
 
 
@@ -124,7 +128,7 @@ class ClusterIdentityActions:
     def create_user_ca(self, request: HttpRequest, queryset: QuerySet[Cluster]) -> None:
         for cluster in queryset:
             try:
-                cluster_user_ca_ensure(actor=request.user, cluster=cluster)
+                cluster_user_ca_ensure(actor=request_user(request), cluster=cluster)
             except ApplicationError as error:
                 messages.error(request, f"{cluster.name}: {error.message}")
                 continue
@@ -132,7 +136,7 @@ class ClusterIdentityActions:
 
     def _user_auth(self, request: HttpRequest, queryset: QuerySet[Cluster], mode: str) -> None:
         for cluster in queryset:
-            cluster_user_auth_set(actor=request.user, cluster=cluster, user_auth=mode)
+            cluster_user_auth_set(actor=request_user(request), cluster=cluster, user_auth=mode)
             messages.info(request, f"{cluster.name}: {Cluster.UserAuth(mode).label}.")
 
     @admin.action(description="Jobs run as the researcher, with SSH certificates (default)")

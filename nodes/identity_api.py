@@ -17,6 +17,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from core.access import request_user
 from core.errors import FieldError
 from core.permissions import IsOperator, IsResearcherOrOperator
 from nodes.identities import (
@@ -28,7 +29,9 @@ from nodes.identities import (
     cluster_user_auth_set,
     cluster_user_ca_ensure,
     sshd_config_line,
+    sshd_config_lines,
     trusted_ca_file,
+    trusted_ca_keys,
 )
 from nodes.models import Cluster, ClusterIdentity
 
@@ -39,6 +42,8 @@ class UserCaSerializer(serializers.Serializer):
     public_key = serializers.CharField(allow_null=True)
     trusted_ca_file = serializers.CharField()
     sshd_config_line = serializers.CharField()
+    sshd_config_lines = serializers.ListField(child=serializers.CharField())
+    trusted_ca_keys = serializers.ListField(child=serializers.CharField())
 
 
 def user_ca_data(cluster: Cluster) -> dict[str, Any]:
@@ -48,6 +53,8 @@ def user_ca_data(cluster: Cluster) -> dict[str, Any]:
         "public_key": cluster.user_ca_public_key or None,
         "trusted_ca_file": trusted_ca_file(cluster),
         "sshd_config_line": sshd_config_line(cluster),
+        "sshd_config_lines": sshd_config_lines(cluster),
+        "trusted_ca_keys": trusted_ca_keys(cluster),
     }
 
 
@@ -61,9 +68,11 @@ class IdentitySerializer(serializers.ModelSerializer):
 
 
 class ClusterUserCaApi(APIView):
-    """The cluster's user CA: its public key, and the one line the login node's
-    sshd_config needs (``TrustedUserCAKeys <file holding the key>``). The private key is
-    never shown. ``public_key`` is null until an operator creates the CA."""
+    """The cluster's user CA: its public key, the lines of the login node's TrustedUserCAKeys
+    file (``trusted_ca_keys``: two during a rotation) and the lines its sshd_config needs
+    (``sshd_config_lines``: trust the CA, accept only Gantry's principal per account;
+    ``sshd_config_line`` is the first). The private key is never shown. ``public_key`` is
+    null until an operator creates the CA."""
 
     permission_classes = [IsResearcherOrOperator]
 
@@ -81,7 +90,7 @@ class ClusterUserCaCreateApi(APIView):
     @extend_schema(request=None, responses=UserCaSerializer)
     def post(self, request: Request, cluster_id: int) -> Response:
         cluster = get_object_or_404(Cluster, pk=cluster_id)
-        cluster_user_ca_ensure(actor=request.user, cluster=cluster)
+        cluster_user_ca_ensure(actor=request_user(request), cluster=cluster)
         return Response(UserCaSerializer(user_ca_data(cluster)).data)
 
 
@@ -100,7 +109,7 @@ class ClusterUserAuthApi(APIView):
         data = self.InputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         cluster = cluster_user_auth_set(
-            actor=request.user, cluster=cluster, user_auth=data.validated_data["user_auth"]
+            actor=request_user(request), cluster=cluster, user_auth=data.validated_data["user_auth"]
         )
         return Response(UserCaSerializer(user_ca_data(cluster)).data)
 
@@ -138,7 +147,7 @@ class ClusterIdentitySetApi(APIView):
         if user is None:
             raise FieldError("user", "no Gantry user with this name")
         identity = cluster_identity_set(
-            actor=request.user,
+            actor=request_user(request),
             cluster=cluster,
             user=user,
             account=data.validated_data["account"],
@@ -158,7 +167,7 @@ class ClusterIdentityDeleteApi(APIView):
             cluster_identity_list(cluster=get_object_or_404(Cluster, pk=cluster_id)),
             pk=identity_id,
         )
-        cluster_identity_delete(actor=request.user, identity=identity)
+        cluster_identity_delete(actor=request_user(request), identity=identity)
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
@@ -179,7 +188,7 @@ class MyClusterIdentityApi(APIView):
     @extend_schema(responses=MyIdentitySerializer)
     def get(self, request: Request, cluster_id: int) -> Response:
         cluster = get_object_or_404(Cluster, pk=cluster_id)
-        identity = cluster_identity_for_user(cluster=cluster, user=request.user)
+        identity = cluster_identity_for_user(cluster=cluster, user=request_user(request))
         service = cluster.user_auth == Cluster.UserAuth.SERVICE_ACCOUNT
         data = {
             "cluster_id": cluster.pk,

@@ -6,10 +6,16 @@ deletes a node that disappears (it is marked ``gone``).
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models
 from django.db.models import Q
+
+from nodes.environment import extra_allowed_problems
+from nodes.slurm.certificates import check_source_addresses
 
 slug_validator = RegexValidator(
     r"^[a-z0-9][a-z0-9-]{0,62}$",
@@ -22,6 +28,21 @@ remote_path_validator = RegexValidator(
 unix_user_validator = RegexValidator(
     r"^[a-z_][a-z0-9_-]{0,31}$", "Use a valid Unix user name (lower-case, at most 32)."
 )
+
+
+def source_addresses_validator(value: str) -> None:
+    """Networks certificates may be used from: CIDR, separated by commas or spaces."""
+    try:
+        check_source_addresses(value)
+    except ValueError as error:
+        raise ValidationError(str(error)) from None
+
+
+def extra_allowed_environment_validator(value: Any) -> None:
+    """An operator's additions to the environment allow-list (``nodes.environment``)."""
+    problems = extra_allowed_problems(value)
+    if problems:
+        raise ValidationError(problems)
 
 
 class UserAuth(models.TextChoices):
@@ -82,6 +103,18 @@ class Cluster(models.Model):
         "older than this, or that has run this long without one, is a breach. Empty: no limit.",
     )
 
+    # What researchers may set for their ranks on this cluster on top of Gantry's default
+    # allow-list (nodes.environment); a hard-denied name stays refused whatever is here.
+    extra_allowed_environment = models.JSONField(
+        "environment variables also allowed",
+        default=list,
+        blank=True,
+        validators=[extra_allowed_environment_validator],
+        help_text="Names or PREFIX* patterns researchers may also set for their jobs, e.g. "
+        '["NCCL_IB_QPS_PER_CONNECTION", "MYLAB_*"]. Names that load code (LD_*, PYTHON*, '
+        "BASH_ENV, *PATH*, *_PLUGIN, ...) can never be allowed.",
+    )
+
     slurm_version = models.CharField(max_length=32, blank=True)
     slurm_cluster_name = models.CharField(max_length=64, blank=True)
     accounting_available = models.BooleanField(null=True)
@@ -119,6 +152,31 @@ class Cluster(models.Model):
     # The public half of Gantry's user CA for this cluster (the private half is a 0600 file
     # under the data directory): what the login node's TrustedUserCAKeys file holds.
     user_ca_public_key = models.TextField("user CA public key", blank=True)
+    # A rotation's new CA (manage.py gantry_ca_rotate): login nodes trust it beside the
+    # current one until ``--finish`` makes it the one Gantry signs with.
+    user_ca_next_public_key = models.TextField("next user CA public key", blank=True)
+    # sshd's ``source-address`` on every certificate: the networks Gantry's processes
+    # connect from. Empty: the option is left out (any address).
+    certificate_source_addresses = models.CharField(
+        "certificates only from",
+        max_length=1000,
+        blank=True,
+        validators=[source_addresses_validator],
+        help_text="Networks (CIDR, comma-separated) Gantry's workers and web servers reach the "
+        "login node from, e.g. 10.1.0.0/16, 192.0.2.7. Certificates carry them as "
+        "source-address: the login node refuses them from anywhere else. Empty: any address.",
+    )
+    # The account restore drills that count as proof run as (``drills.attestation``): one
+    # no researcher is mapped to and none can act as. Empty: drills run as the checkpoint's
+    # owner and are self-attested, never proof.
+    verifier_account = models.CharField(
+        "drill verifier account",
+        max_length=32,
+        blank=True,
+        validators=[unix_user_validator],
+        help_text="Unix user that runs restore drills counting as proof: not the service "
+        "account, not any researcher's. Empty: drills are self-attested (run as the owner).",
+    )
 
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
@@ -132,10 +190,24 @@ class Cluster(models.Model):
             models.UniqueConstraint(
                 fields=["ssh_host", "ssh_port", "ssh_user"], name="cluster_unique_login"
             ),
+            # The service account can act for Gantry itself; a verifier must be neither.
+            models.CheckConstraint(
+                name="cluster_verifier_not_service_account",
+                condition=Q(verifier_account="") | ~Q(verifier_account=models.F("ssh_user")),
+            ),
         ]
 
     def __str__(self) -> str:
         return self.name
+
+    def clean(self) -> None:
+        if self.verifier_account and self.verifier_account == self.ssh_user:
+            raise ValidationError(
+                {
+                    "verifier_account": "the service account cannot verify drills: pick an "
+                    "account of its own that no researcher is mapped to"
+                }
+            )
 
 
 class Partition(models.Model):

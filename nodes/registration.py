@@ -10,7 +10,6 @@ import io
 import ipaddress
 import re
 from dataclasses import dataclass
-from typing import Any
 
 import paramiko
 from django.conf import settings
@@ -21,6 +20,7 @@ from django.utils import timezone
 from controlplane.tasknames import CLUSTER_SYNC, task_send
 from core.audit import AuditAction, audit_event_record
 from core.errors import ApplicationError, FieldError
+from core.types import Actor, User
 from nodes.cluster_access import cluster_key_dir, slurm_client_for, write_private_file
 from nodes.identities import cluster_user_ca_ensure
 from nodes.models import Cluster
@@ -197,7 +197,13 @@ def apply_probe(cluster: Cluster, info: ClusterInfo) -> None:
 
 
 def _save_registration(
-    cluster: Cluster, info: ClusterInfo, *, actor: Any, updated: bool, is_default: bool, trust: str
+    cluster: Cluster,
+    info: ClusterInfo,
+    *,
+    actor: Actor,
+    updated: bool,
+    is_default: bool,
+    trust: str,
 ) -> None:
     if is_default:
         Cluster.objects.exclude(pk=cluster.pk).filter(is_default=True).update(is_default=False)
@@ -223,7 +229,7 @@ def _save_registration(
     )
 
 
-def _ensure_user_ca(cluster: Cluster, *, actor: Any) -> None:
+def _ensure_user_ca(cluster: Cluster, *, actor: Actor) -> None:
     """A cluster that uses certificates gets its user CA at registration (kept if any)."""
     if cluster.user_auth == Cluster.UserAuth.CERTIFICATE:
         cluster_user_ca_ensure(actor=actor, cluster=cluster)
@@ -231,7 +237,7 @@ def _ensure_user_ca(cluster: Cluster, *, actor: Any) -> None:
 
 def cluster_register(
     *,
-    actor: Any,
+    actor: Actor,
     name: str,
     ssh_host: str,
     ssh_port: int,
@@ -307,7 +313,7 @@ def cluster_register(
     )
 
 
-def cluster_probe(*, actor: Any, cluster: Cluster) -> ClusterInfo:
+def cluster_probe(*, actor: User, cluster: Cluster) -> ClusterInfo:
     """Connect with the pinned key and ask Slurm its version, name, partitions, accounting."""
     try:
         info = slurm_client_for(cluster).probe()

@@ -18,6 +18,7 @@ from controlplane.tasknames import CLUSTER_SYNC, task_send
 from core.audit import AuditAction, audit_event_record
 from core.errors import ApplicationError, FieldError
 from core.roles import is_operator
+from core.types import User
 from nodes.cluster_access import slurm_client_for, ssh_dir
 from nodes.models import Cluster, Node, NodeEvent
 from nodes.slurm import errors as slurm_errors
@@ -28,7 +29,7 @@ from nodes.sync import node_state
 _CONTROL_CHARACTERS = re.compile(r"[\x00-\x1f\x7f]")
 
 
-def cluster_sync_request(*, actor: Any, cluster: Cluster) -> None:
+def cluster_sync_request(*, actor: User, cluster: Cluster) -> None:
     """ "Sync now": make the cluster due and enqueue its sync after commit."""
     with transaction.atomic():
         Cluster.objects.filter(pk=cluster.pk).update(next_sync_at=timezone.now())
@@ -46,10 +47,13 @@ CLUSTER_EDITABLE = (
     "python",
     "default_partition",
     "proven_checkpoint_max_age_minutes",
+    "extra_allowed_environment",
+    "verifier_account",
+    "certificate_source_addresses",
 )
 
 
-def cluster_update(*, actor: Any, cluster: Cluster, **changes: Any) -> Cluster:
+def cluster_update(*, actor: User, cluster: Cluster, **changes: Any) -> Cluster:
     """Change what may change on a registered cluster (operators only): validated, one
     default cluster at most, audited with the values before and after."""
     _check_operator(actor)
@@ -79,7 +83,7 @@ def cluster_update(*, actor: Any, cluster: Cluster, **changes: Any) -> Cluster:
     return current
 
 
-def cluster_delete(*, actor: Any, cluster: Cluster) -> None:
+def cluster_delete(*, actor: User, cluster: Cluster) -> None:
     """Remove a cluster Gantry never ran anything on (operators only), with its inventory
     and its stored key; audited. A cluster with jobs is refused: their history stays."""
     _check_operator(actor)
@@ -106,7 +110,7 @@ def cluster_reconcile_soon(*, cluster_id: int) -> None:
     Cluster.objects.filter(pk=cluster_id).update(next_reconcile_at=timezone.now())
 
 
-def _check_operator(actor: Any) -> None:
+def _check_operator(actor: User) -> None:
     if not is_operator(actor):
         raise PermissionDenied("Only operators may do this.")
 
@@ -139,7 +143,7 @@ def _slurm_action_error(error: slurm_errors.SlurmError) -> ApplicationError:
     return ApplicationError(describe_cluster_error(error), status_code=status)
 
 
-def node_drain(*, actor: Any, node: Node, reason: str) -> Node:
+def node_drain(*, actor: User, node: Node, reason: str) -> Node:
     """Drain a node through ``scontrol update``; running jobs finish, no new ones start.
 
     Accepts any node state; draining a drained node again only updates the reason.
@@ -169,7 +173,7 @@ def node_drain(*, actor: Any, node: Node, reason: str) -> Node:
     return node
 
 
-def node_resume(*, actor: Any, node: Node) -> Node:
+def node_resume(*, actor: User, node: Node) -> Node:
     """Return a drained or down node to service (``state=resume``)."""
     _check_operator(actor)
     client = slurm_client_for(node.cluster)

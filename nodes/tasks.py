@@ -10,8 +10,14 @@ from django.conf import settings
 from django.db.models import Q
 from django.utils import timezone
 
-from controlplane.tasknames import CLUSTER_SYNC, CLUSTERS_SYNC_DUE
+from controlplane.tasknames import (
+    CLUSTER_SYNC,
+    CLUSTERS_SYNC_DUE,
+    USER_CA_ENSURE,
+    USER_CERTIFICATE_SIGN,
+)
 from nodes.models import Cluster
+from nodes.signer import user_ca_public_key, user_certificate_sign
 from nodes.sync import cluster_sync
 
 logger = logging.getLogger(__name__)
@@ -50,3 +56,21 @@ def clusters_sync_due() -> int:
             cluster_sync_task.delay(cluster.pk)
             enqueued += 1
     return enqueued
+
+
+# The signer queue's (routed there by name, settings.CELERY_TASK_ROUTES): a web process
+# waits for the answer, so short limits, and no retry (the web asks again on its next try).
+@shared_task(name=USER_CERTIFICATE_SIGN, time_limit=20, soft_time_limit=15)
+def user_certificate_sign_task(
+    *, cluster: str, account: str, public_key: str, purpose: str
+) -> dict[str, object]:
+    """A certificate for a web process's key (``nodes.signer``). Read-only: safe to repeat."""
+    return user_certificate_sign(
+        cluster=cluster, account=account, public_key=public_key, purpose=purpose
+    )
+
+
+@shared_task(name=USER_CA_ENSURE, time_limit=20, soft_time_limit=15)
+def user_ca_ensure_task(*, cluster_id: int) -> dict[str, object]:
+    """The user CA's public key, made if missing (``nodes.signer``). Safe to repeat."""
+    return user_ca_public_key(cluster_id=cluster_id)

@@ -8,16 +8,20 @@ drop the second copy by ``X-Gantry-Event-Id``.
 
 A failure is retried with back-off (``GANTRY_NOTIFY_RETRY_BASE`` doubling, at most an hour)
 until ``GANTRY_NOTIFY_MAX_ATTEMPTS``; a failing subscription is paused for the same back-off,
-so that a dead endpoint costs one short attempt per back-off, not one per event.
+so that a dead endpoint costs one short attempt per back-off, not one per event. A send that
+times out (the POST's deadline, or the task's soft time limit) is such a failure, logged as
+an attempt like any other.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 from django.core.mail import send_mail
 from django.db.models import F
@@ -33,6 +37,39 @@ from notifications.topics import Subscriber, subscription_wants
 MAX_BACKOFF_SECONDS = 3600
 # A Celery task may fire a little early by the database's clock.
 EARLY_TOLERANCE = timedelta(seconds=1)
+# Beyond the send itself, the task's soft limit leaves this for the database work around
+# it; the hard limit this much more for logging a timed-out attempt; the lease this much
+# more than the hard limit.
+SEND_SOFT_MARGIN_SECONDS = 20
+SEND_HARD_MARGIN_SECONDS = 10
+SEND_LEASE_MARGIN_SECONDS = 30
+# SMTP exchanges several commands, each bounded by GANTRY_EMAIL_TIMEOUT.
+EMAIL_TIMEOUTS_PER_SEND = 3
+
+
+@dataclass(frozen=True)
+class SendLimits:
+    """The deliver task's time limits and the lease a send holds, derived from the send's
+    own bounds in this one place, so that they cannot drift apart: the lease outlasts the
+    hard time limit, and no second worker claims a delivery whose sender may still run."""
+
+    soft_time_limit: int
+    time_limit: int
+    lease: timedelta
+
+
+def send_limits() -> SendLimits:
+    longest_send = max(
+        float(settings.WEBHOOK_DEADLINE_SECONDS),
+        float(EMAIL_TIMEOUTS_PER_SEND * settings.EMAIL_TIMEOUT),
+    )
+    soft = math.ceil(longest_send) + SEND_SOFT_MARGIN_SECONDS
+    hard = soft + SEND_HARD_MARGIN_SECONDS
+    return SendLimits(
+        soft_time_limit=soft,
+        time_limit=hard,
+        lease=timedelta(seconds=hard + SEND_LEASE_MARGIN_SECONDS),
+    )
 
 
 @dataclass(frozen=True)
@@ -45,10 +82,6 @@ class SendOutcome:
 def backoff_seconds(failures: int) -> float:
     base = float(settings.NOTIFY_RETRY_BASE_SECONDS)
     return min(base * 2 ** max(0, failures - 1), float(MAX_BACKOFF_SECONDS))
-
-
-def _send_lease() -> timedelta:
-    return timedelta(seconds=3 * settings.WEBHOOK_TIMEOUT_SECONDS + 30)
 
 
 def _still_wanted(subscription: Subscription, event: Event) -> str:
@@ -103,7 +136,11 @@ def _send_webhook(delivery: Delivery) -> webhook.PostResult:
         signing.SIGNATURE_HEADER: signing.signature(secret, body),
     }
     return webhook.post(
-        target, body=body, headers=headers, timeout=float(settings.WEBHOOK_TIMEOUT_SECONDS)
+        target,
+        body=body,
+        headers=headers,
+        timeout=float(settings.WEBHOOK_TIMEOUT_SECONDS),
+        deadline=float(settings.WEBHOOK_DEADLINE_SECONDS),
     )
 
 
@@ -143,13 +180,30 @@ def _send_email(delivery: Delivery) -> webhook.PostResult:
     return webhook.PostResult(True, None, "", int((time.monotonic() - started) * 1000), "")
 
 
+def _send(delivery: Delivery) -> webhook.PostResult:
+    """Send by the subscription's channel; running out of the task's time is a failed
+    attempt like any other (logged, counted, and pausing the subscription)."""
+    started = time.monotonic()
+    try:
+        if delivery.subscription.channel == Subscription.Channel.WEBHOOK:
+            return _send_webhook(delivery)
+        return _send_email(delivery)
+    except SoftTimeLimitExceeded:
+        seconds = time.monotonic() - started
+        why = (
+            f"timed out after {seconds:.1f} s: the deliver task's time limit "
+            f"({send_limits().soft_time_limit} s) ran out while sending"
+        )
+        return webhook.PostResult(False, None, why, int(seconds * 1000), "")
+
+
 def _claim(delivery_id: int, now: datetime) -> bool:
     return bool(
         Delivery.objects.filter(
             pk=delivery_id, state=Delivery.State.PENDING, next_attempt_at__lte=now + EARLY_TOLERANCE
         ).update(
             state=Delivery.State.SENDING,
-            lease_until=now + _send_lease(),
+            lease_until=now + send_limits().lease,
             attempts=F("attempts") + 1,
         )
     )
@@ -187,10 +241,7 @@ def delivery_send(*, delivery_id: int) -> SendOutcome:
         _postpone(delivery, until=subscription.paused_until)
         return SendOutcome("paused", retry_in=(subscription.paused_until - now).total_seconds())
     started_at = timezone.now()
-    if subscription.channel == Subscription.Channel.WEBHOOK:
-        result = _send_webhook(delivery)
-    else:
-        result = _send_email(delivery)
+    result = _send(delivery)
     DeliveryAttempt.objects.create(
         delivery=delivery,
         number=delivery.attempts,

@@ -5,6 +5,7 @@ from typing import Any
 from django import forms
 
 from core.roles import is_operator
+from core.types import User
 from nodes.models import Cluster
 from notifications.models import Subscription
 from notifications.services import NAME_MAX_LENGTH, URL_MAX_LENGTH
@@ -31,7 +32,7 @@ class SubscriptionForm(forms.Form):
         help_text="narrows the cluster topics",
     )
 
-    def __init__(self, *args: Any, user: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, user: User, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         operator = is_operator(user)
         topics = self.fields["topics"]

@@ -9,7 +9,10 @@ makes a second one impossible), moves the cursor and, after commit, enqueues a d
 per new delivery. It never sends anything itself and never waits on an endpoint.
 
 It also sweeps: a delivery that is due but whose task is gone (the broker lost it, a worker
-died mid-send) is enqueued again. A fixed number of queries per run, however many events.
+died mid-send) is enqueued again; one whose sender died with its last attempt (killed, or
+past the task's hard time limit) fails instead, so no endpoint gets more attempts than
+``GANTRY_NOTIFY_MAX_ATTEMPTS`` by outlasting the task. A fixed number of queries per run,
+however many events.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import transaction
 from django.db.models import Exists, OuterRef, Q
@@ -32,6 +36,7 @@ from notifications.sources import (
     Window,
     breaches,
     drill_outcomes,
+    incidents,
     job_endings,
     newest_id,
     node_changes,
@@ -157,9 +162,17 @@ def _deliveries(events: list[Event], *, now: datetime) -> list[Delivery]:
 
 def _sweep(now: datetime) -> list[int]:
     """Due deliveries without a live task: marked enqueued again and returned."""
+    sender_died = Q(state=Delivery.State.SENDING, lease_until__lt=now)
+    # The claim counted the attempt its sender never finished: with none left, it fails.
+    Delivery.objects.filter(sender_died, attempts__gte=settings.NOTIFY_MAX_ATTEMPTS).update(
+        state=Delivery.State.FAILED,
+        lease_until=None,
+        last_error="attempts exhausted: the last sender stopped before saving an outcome "
+        "(killed, or past the deliver task's time limit)",
+    )
     not_enqueued = Q(lease_until__isnull=True) | Q(lease_until__lt=now)
-    stranded = (Q(state=Delivery.State.PENDING, next_attempt_at__lte=now) & not_enqueued) | Q(
-        state=Delivery.State.SENDING, lease_until__lt=now
+    stranded = (Q(state=Delivery.State.PENDING, next_attempt_at__lte=now) & not_enqueued) | (
+        sender_died
     )
     ids = list(
         Delivery.objects.filter(stranded)
@@ -190,6 +203,7 @@ def notifications_collect(*, now: datetime | None = None) -> CollectResult:
             *drill_outcomes(since=since),
             *node_changes(window=_window(cursor.node_event_id, node_event_id, since)),
             *breaches(now=now),
+            *incidents(since=since),
         ]
         events = _record(drafts)
         deliveries = _deliveries(events, now=now)

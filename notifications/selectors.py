@@ -7,10 +7,11 @@ from typing import Any
 from django.db.models import QuerySet
 from django.http import Http404
 
+from core.types import User
 from notifications.models import Delivery, Subscription
 
 
-def subscription_list_for_user(*, user: Any) -> QuerySet[Subscription]:
+def subscription_list_for_user(*, user: User) -> QuerySet[Subscription]:
     """A person's own subscriptions, newest first, removed ones included. Nobody lists
     anyone else's here, operators included (they have the admin)."""
     if not getattr(user, "is_authenticated", False):
@@ -18,7 +19,7 @@ def subscription_list_for_user(*, user: Any) -> QuerySet[Subscription]:
     return Subscription.objects.filter(user_id=user.pk).select_related("cluster")
 
 
-def subscription_get_for_user(*, user: Any, subscription_id: Any) -> Subscription:
+def subscription_get_for_user(*, user: User, subscription_id: Any) -> Subscription:
     """The one access check for a subscription: Http404 both for a missing one and for
     someone else's."""
     try:
@@ -27,7 +28,7 @@ def subscription_get_for_user(*, user: Any, subscription_id: Any) -> Subscriptio
         raise Http404("No such subscription.") from None
 
 
-def delivery_list_for_user(*, user: Any) -> QuerySet[Delivery]:
+def delivery_list_for_user(*, user: User) -> QuerySet[Delivery]:
     """Deliveries to a person's own subscriptions, newest first."""
     return (
         Delivery.objects.filter(subscription__in=subscription_list_for_user(user=user))

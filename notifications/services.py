@@ -15,6 +15,7 @@ from django.utils import timezone
 from core.audit import AuditAction, audit_event_record
 from core.errors import FieldError
 from core.roles import is_operator, is_researcher
+from core.types import User
 from nodes.models import Cluster
 from notifications import signing
 from notifications.addresses import AddressRefused, webhook_url_check
@@ -34,7 +35,7 @@ def email_enabled() -> bool:
     return settings.EMAIL_BACKEND != "django.core.mail.backends.dummy.EmailBackend"
 
 
-def _check_topics(*, user: Any, topics: list[str]) -> list[str]:
+def _check_topics(*, user: User, topics: list[str]) -> list[str]:
     if not topics:
         raise FieldError("topics", "choose at least one topic")
     unknown = sorted(set(topics) - set(Topic.values))
@@ -48,7 +49,7 @@ def _check_topics(*, user: Any, topics: list[str]) -> list[str]:
     return sorted(set(topics))
 
 
-def _check_channel(*, user: Any, channel: str, url: str) -> str:
+def _check_channel(*, user: User, channel: str, url: str) -> str:
     if channel == Subscription.Channel.EMAIL:
         if url:
             raise FieldError("url", "only webhooks have a URL")
@@ -75,7 +76,7 @@ def _check_channel(*, user: Any, channel: str, url: str) -> str:
 
 def subscription_create(
     *,
-    user: Any,
+    user: User,
     name: str,
     channel: str,
     topics: list[str],
@@ -125,7 +126,7 @@ def subscription_create(
     return subscription, secret
 
 
-def subscription_remove(*, user: Any, subscription_id: Any) -> Subscription:
+def subscription_remove(*, user: User, subscription_id: Any) -> Subscription:
     """Remove one of ``user``'s own subscriptions (someone else's is not found): nothing is
     sent to it any more; it stays, with its delivery log. Removing twice changes nothing."""
     subscription = subscription_get_for_user(user=user, subscription_id=subscription_id)

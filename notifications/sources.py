@@ -5,6 +5,8 @@
   (one per drill);
 - a node entering a drained or a down state: its ``NodeEvent`` (one per event row; a node
   going from draining to drained is not a second drain);
+- a recovery incident opened, and closed (recovered, held, not recovered, left running):
+  ``Incident.detected_at`` / ``closed_at`` (one event each per incident);
 - a running job over its cluster's proven-age limit (``jobs.goodput.work_at_risk``): one per job and
   newest proven checkpoint, so a job that gets a new proof and ages past the limit again is
   a new breach.
@@ -22,7 +24,7 @@ from datetime import datetime
 from typing import Any
 
 from django.conf import settings
-from django.db.models import F, Max
+from django.db.models import F, Max, Q
 from django.urls import reverse
 
 from drills.models import RestoreDrill
@@ -31,6 +33,7 @@ from jobs.goodput.work_at_risk import proven_age_breaches
 from jobs.models import Job, JobEvent
 from nodes.models import Node, NodeEvent
 from notifications.topics import EventKind
+from recovery.models import Incident
 
 DRAINED_STATES = frozenset({Node.State.DRAINING, Node.State.DRAINED})
 DOWN_STATES = frozenset({Node.State.DOWN, Node.State.FAIL, Node.State.FAILING})
@@ -233,3 +236,60 @@ def _json_safe(value: Any) -> Any:
     if isinstance(value, datetime):
         return value.isoformat()
     return value
+
+
+def incidents(*, since: datetime) -> list[EventDraft]:
+    """Incidents opened or closed since ``since``: one event for each, per incident."""
+    rows = (
+        Incident.objects.filter(Q(detected_at__gt=since) | Q(closed_at__gt=since))
+        .select_related("job", "cluster", "resumed_from")
+        .order_by("detected_at", "id")
+    )
+    drafts = []
+    for incident in rows:
+        job = incident.job
+        data = {
+            "outcome": incident.outcome,
+            "incident": {
+                "id": incident.pk,
+                "signal": incident.signal,
+                "detail": incident.detail,
+                "outcome": incident.outcome,
+                "reason": incident.reason,
+                "resumed_from_step": incident.resumed_from.step if incident.resumed_from else None,
+                "resumed_job": str(incident.resumed_job_id) if incident.resumed_job_id else None,
+                "excluded_nodes": incident.excluded_nodes,
+                "lost_steps": incident.lost_steps,
+                "job": {"id": str(job.id), "name": job.name},
+                "cluster": incident.cluster.name,
+                "url": link(reverse("job-detail", args=[job.id])),
+            },
+        }
+        if incident.detected_at > since:
+            drafts.append(
+                EventDraft(
+                    source_key=f"incident:{incident.pk}:opened",
+                    kind=EventKind.INCIDENT_OPENED,
+                    occurred_at=incident.detected_at,
+                    title=f"job {job.name}: {incident.get_signal_display()}: {incident.detail}"[
+                        :200
+                    ],
+                    cluster_id=incident.cluster_id,
+                    owner_id=job.owner_id,
+                    data=data,
+                )
+            )
+        if incident.closed_at is not None and incident.closed_at > since:
+            drafts.append(
+                EventDraft(
+                    source_key=f"incident:{incident.pk}:closed",
+                    kind=EventKind.INCIDENT_CLOSED,
+                    occurred_at=incident.closed_at,
+                    title=f"job {job.name}: recovery {incident.get_outcome_display()}: "
+                    f"{incident.reason}"[:200],
+                    cluster_id=incident.cluster_id,
+                    owner_id=job.owner_id,
+                    data=data,
+                )
+            )
+    return drafts

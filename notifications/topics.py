@@ -26,10 +26,21 @@ class Topic(models.TextChoices):
         "proven_age.breach",
         "a running job's newest proven checkpoint is older than its cluster allows (operators)",
     )
+    INCIDENT = (
+        "incident",
+        "my jobs crash, hang or diverge, and how recovery ends (recovered, held)",
+    )
+    INCIDENT_HELD = "incident.held", "recovery holds a run for a person (operators)"
 
 
 OPERATOR_TOPICS = frozenset(
-    {Topic.NODE_DRAINED, Topic.NODE_DOWN, Topic.DRILL_FAILED, Topic.PROVEN_AGE_BREACH}
+    {
+        Topic.NODE_DRAINED,
+        Topic.NODE_DOWN,
+        Topic.DRILL_FAILED,
+        Topic.PROVEN_AGE_BREACH,
+        Topic.INCIDENT_HELD,
+    }
 )
 
 
@@ -39,6 +50,8 @@ class EventKind(models.TextChoices):
     NODE_DRAINED = "node.drained"
     NODE_DOWN = "node.down"
     PROVEN_AGE_BREACH = "proven_age.breach"
+    INCIDENT_OPENED = "incident.opened"
+    INCIDENT_CLOSED = "incident.closed"
 
 
 @dataclass(frozen=True)
@@ -74,6 +87,12 @@ def subscription_wants(subscriber: Subscriber, event: Audience) -> bool:
     if event.kind == EventKind.JOB_ENDED:
         return Topic.JOB_ENDED in subscriber.topics and subscriber.user_id == event.owner_id
     if (
+        event.kind in (EventKind.INCIDENT_OPENED, EventKind.INCIDENT_CLOSED)
+        and Topic.INCIDENT in subscriber.topics
+        and subscriber.user_id == event.owner_id
+    ):
+        return True
+    if (
         event.kind == EventKind.DRILL_FINISHED
         and Topic.DRILL_FINISHED in subscriber.topics
         and mine
@@ -85,5 +104,7 @@ def subscription_wants(subscriber: Subscriber, event: Audience) -> bool:
         return False
     if event.kind == EventKind.DRILL_FINISHED:
         return Topic.DRILL_FAILED in subscriber.topics and event.data.get("verdict") == "failed"
+    if event.kind == EventKind.INCIDENT_CLOSED:
+        return Topic.INCIDENT_HELD in subscriber.topics and event.data.get("outcome") == "held"
     operator_topic = _OPERATOR_TOPIC_OF_KIND.get(str(event.kind))
     return operator_topic is not None and operator_topic in subscriber.topics

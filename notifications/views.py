@@ -12,6 +12,7 @@ from django.urls import reverse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_POST
 
+from core.access import request_user
 from core.errors import FieldError
 from notifications.forms import SubscriptionForm
 from notifications.selectors import delivery_list_for_user, subscription_list_for_user
@@ -25,8 +26,8 @@ def _render(
 ) -> HttpResponse:
     context = {
         "form": form,
-        "subscriptions": subscription_list_for_user(user=request.user),
-        "deliveries": delivery_list_for_user(user=request.user)[:RECENT_DELIVERIES],
+        "subscriptions": subscription_list_for_user(user=request_user(request)),
+        "deliveries": delivery_list_for_user(user=request_user(request))[:RECENT_DELIVERIES],
         "created": created,
         "email_enabled": email_enabled(),
     }
@@ -40,12 +41,12 @@ def subscription_list_page(request: HttpRequest) -> HttpResponse:
     """The list, the recent deliveries and the create form; a webhook's create answers
     with its signing secret, once (rendered into this response, never stored in clear)."""
     if request.method != "POST":
-        return _render(request, SubscriptionForm(user=request.user))
-    form = SubscriptionForm(request.POST, user=request.user)
+        return _render(request, SubscriptionForm(user=request_user(request)))
+    form = SubscriptionForm(request.POST, user=request_user(request))
     if form.is_valid():
         try:
             subscription, secret = subscription_create(
-                user=request.user,
+                user=request_user(request),
                 name=form.cleaned_data["name"],
                 channel=form.cleaned_data["channel"],
                 url=form.cleaned_data["url"],
@@ -56,7 +57,7 @@ def subscription_list_page(request: HttpRequest) -> HttpResponse:
             form.attach_error(error.field, error.why)
         else:
             created = {"subscription": subscription, "secret": secret}
-            return _render(request, SubscriptionForm(user=request.user), created)
+            return _render(request, SubscriptionForm(user=request_user(request)), created)
     return _render(request, form)
 
 
@@ -65,7 +66,7 @@ def subscription_list_page(request: HttpRequest) -> HttpResponse:
 @require_POST
 def subscription_remove_action(request: HttpRequest) -> HttpResponse:
     subscription = subscription_remove(
-        user=request.user, subscription_id=request.POST.get("subscription_id")
+        user=request_user(request), subscription_id=request.POST.get("subscription_id")
     )
     messages.success(request, f"Subscription “{subscription.name}” is removed.")
     return HttpResponseRedirect(reverse("notification-subscription-list"))

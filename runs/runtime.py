@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Protocol
 
 import trainer
+from nodes.environment import NAME as ENV_NAME
+from nodes.environment import environment_name_refused
 from nodes.slurm.errors import SftpError
 
 TRAINER_SOURCE = Path(trainer.__file__).resolve().parent
@@ -72,6 +74,11 @@ class ScriptSpec:
     # Each rank also writes its own output to ``rank-<slurm id>-<rank>.out`` in the run
     # directory (the Slurm output file still gets every rank's lines, as before).
     rank_output: bool = False
+    # Nodes Slurm must not use (a checked node list expression).
+    exclude: str = ""
+    # What the cluster's operator allows on top of the default environment allow-list
+    # (``Cluster.extra_allowed_environment``); the script refuses any other name.
+    allowed_environment: tuple[str, ...] = ()
 
 
 # Run by bash in each task: the command ("$@") with its output copied, as it comes, to the
@@ -80,8 +87,66 @@ RANK_OUTPUT_PROGRAM = (
     'set -o pipefail; "$@" 2>&1 | tee -a "$0/rank-$SLURM_JOB_ID-$SLURM_PROCID.out"'
 )
 
-# Environment names the script exports; anything else never reaches a shell.
-ENV_NAME = re.compile(r"[A-Z_][A-Z0-9_]{0,63}")
+# How each rank starts the trainer, so that nothing of the account's runs before it.
+# ``-I`` (isolated; implies -E and -s): no PYTHON* variable is read (PYTHONPATH,
+# PYTHONSTARTUP, PYTHONHOME, PYTHONUSERBASE...), the user's site-packages (usercustomize,
+# .pth files under ~/.local) is not added, and neither is the working directory (the
+# account's own run directory), so no file there shadows a module. ``-E -s`` alone would
+# still put the working directory first on sys.path for ``-c``. As -I ignores PYTHONPATH,
+# the shipped trainer's directory comes as the first argument and this bootstrap puts it
+# on sys.path, then runs the package exactly as ``python -m trainer`` does. ``-u`` stands
+# for PYTHONUNBUFFERED, which -I ignores.
+TRAINER_BOOTSTRAP = (
+    "import runpy, sys; sys.path.insert(0, sys.argv.pop(1)); "
+    'runpy.run_module("trainer", run_name="__main__", alter_sys=True)'
+)
+PYTHON_FLAGS = ("-I", "-u")
+# The shells: ``-p`` (privileged mode) runs neither $BASH_ENV nor $ENV, imports no shell
+# functions (BASH_FUNC_*) and ignores SHELLOPTS, BASHOPTS, CDPATH and GLOBIGNORE from the
+# environment; --noprofile/--norc for good measure (a non-interactive shell reads neither).
+# The batch script unsets BASH_ENV and ENV too, so no later shell of the job sees them.
+SCRIPT_SHEBANG = "#!/bin/bash -p"
+RANK_SHELL = ("/bin/bash", "--noprofile", "--norc", "-p", "-c")
+
+
+class EnvironmentRefused(ValueError):
+    """The job's environment names a variable the policy (``nodes.environment``) refuses:
+    found when the script is rendered (a job or template saved before the policy, or a
+    cluster whose operator took a name back). Nothing is sent to Slurm."""
+
+    code = "environment_refused"
+
+
+def _check_environment(spec: ScriptSpec) -> None:
+    """Validated on the way in (``jobs.validation``); checked again here, where a name
+    meets the shell and the ranks, with the same policy."""
+    for name, _ in spec.environment:
+        why = environment_name_refused(name, spec.allowed_environment)
+        if why:
+            shown = name if isinstance(name, str) and ENV_NAME.fullmatch(name) else repr(name)
+            raise EnvironmentRefused(f"the job's environment is not allowed: {shown} {why}")
+
+
+def _rank_command(spec: ScriptSpec) -> list[str]:
+    """The srun line(s) that start the ranks."""
+    quote = shlex.quote
+    trainer_command = " ".join(
+        [
+            quote(spec.python),
+            *PYTHON_FLAGS,
+            "-c",
+            quote(TRAINER_BOOTSTRAP),
+            quote(spec.trainer_dir),
+            *(quote(arg) for arg in spec.trainer_args),
+        ]
+    )
+    if not spec.rank_output:
+        return [f"srun --export=ALL --kill-on-bad-exit=1 {trainer_command}"]
+    return [
+        "# Each rank's output also goes to its own file (the rank's exit status stays).",
+        f"srun --export=ALL --kill-on-bad-exit=1 {' '.join(RANK_SHELL)} "
+        f"{quote(RANK_OUTPUT_PROGRAM)} {quote(spec.run_dir)} {trainer_command}",
+    ]
 
 
 # The script records how it ended (any exit) in gantry-exit-<slurm id>.json, without
@@ -133,12 +198,9 @@ def render_sbatch(spec: ScriptSpec) -> str:
     job finished.
     """
     quote = shlex.quote
-    for name, _ in spec.environment:
-        # Validated on the way in; checked again here, where a name meets the shell.
-        if not ENV_NAME.fullmatch(name):
-            raise ValueError(f"environment variable name {name!r} is not allowed")
+    _check_environment(spec)
     lines = [
-        "#!/bin/bash",
+        SCRIPT_SHEBANG,
         f"# Gantry job {spec.job_id}: {spec.job_name.replace(chr(10), ' ')}",
         f"#SBATCH --partition={spec.partition}",
         f"#SBATCH --nodes={spec.nodes}",
@@ -158,28 +220,19 @@ def render_sbatch(spec: ScriptSpec) -> str:
         lines.append(f"#SBATCH --nodelist={spec.nodelist}")
     if spec.switches:
         lines.append(f"#SBATCH --switches={spec.switches}")
-    trainer_command = " ".join(
-        [quote(spec.python), "-m", "trainer", *(quote(arg) for arg in spec.trainer_args)]
-    )
+    if spec.exclude:
+        lines.append(f"#SBATCH --exclude={spec.exclude}")
     lines += [
         "",
         "set -euo pipefail",
+        "# No later shell of this job runs a start-up file named by the environment.",
+        "unset BASH_ENV ENV",
         f"gantry_run={quote(spec.run_dir)}",
         *EXIT_RECORD_LINES,
-        f"export PYTHONPATH={quote(spec.trainer_dir)}${{PYTHONPATH:+:$PYTHONPATH}}",
-        "export PYTHONUNBUFFERED=1",
         *(f"export {name}={quote(value)}" for name, value in spec.environment),
         *RENDEZVOUS_LINES,
         "# If one rank fails, end the others at once instead of leaving them waiting.",
-        *(
-            [
-                "# Each rank's output also goes to its own file (the rank's exit status stays).",
-                f"srun --export=ALL --kill-on-bad-exit=1 bash -c {quote(RANK_OUTPUT_PROGRAM)} "
-                f"{quote(spec.run_dir)} {trainer_command}",
-            ]
-            if spec.rank_output
-            else [f"srun --export=ALL --kill-on-bad-exit=1 {trainer_command}"]
-        ),
+        *_rank_command(spec),
         "",
     ]
     return "\n".join(lines)

@@ -11,6 +11,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from core.access import request_user
 from core.api import CursorPagination
 from core.errors import FieldError
 from core.permissions import IsResearcherOrOperator
@@ -102,7 +103,9 @@ class StudyListCreateApi(APIView):
     @extend_schema(responses=StudySerializer(many=True))
     def get(self, request: Request) -> Response:
         paginator = StudyPagination()
-        page = paginator.paginate_queryset(study_list_for_user(user=request.user), request, self)
+        page = paginator.paginate_queryset(
+            study_list_for_user(user=request_user(request)), request, self
+        )
         return paginator.get_paginated_response(StudySerializer(page, many=True).data)
 
     @extend_schema(request=StudyInputSerializer, responses={202: dict})
@@ -114,7 +117,7 @@ class StudyListCreateApi(APIView):
         if values.get("preset"):
             config.setdefault("preset", values["preset"])
         study = study_create(
-            user=request.user,
+            user=request_user(request),
             cluster=cluster_from(values.get("cluster")),
             name=values["name"],
             kind=values["kind"],
@@ -147,6 +150,6 @@ class StudyDetailApi(APIView):
 
     @extend_schema(responses=dict)
     def get(self, request: Request, study_id: int) -> Response:
-        study = study_get_for_user(user=request.user, study_id=study_id)
+        study = study_get_for_user(user=request_user(request), study_id=study_id)
         study_results_freeze(study=study)
         return Response({**StudySerializer(study).data, "report": study_report(study=study)})

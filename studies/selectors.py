@@ -31,6 +31,7 @@ from django.http import Http404
 from django.urls import reverse
 
 from core.roles import is_operator
+from core.types import User
 from jobs.models import Job, MetricPoint
 from studies.models import ScalingStudy, StudyPoint
 
@@ -55,7 +56,7 @@ NOT_MEASURABLE = (
 )
 
 
-def study_list_for_user(*, user: Any) -> QuerySet[ScalingStudy]:
+def study_list_for_user(*, user: User) -> QuerySet[ScalingStudy]:
     """Studies a user may see: all for operators, their own for everyone else."""
     studies = ScalingStudy.objects.select_related("cluster", "owner")
     if is_operator(user):
@@ -65,7 +66,7 @@ def study_list_for_user(*, user: Any) -> QuerySet[ScalingStudy]:
     return studies.filter(owner=user)
 
 
-def study_get_for_user(*, user: Any, study_id: int | str) -> ScalingStudy:
+def study_get_for_user(*, user: User, study_id: int | str) -> ScalingStudy:
     """The one access check for a study; 404 for a missing one and someone else's."""
     try:
         return study_list_for_user(user=user).get(pk=study_id)

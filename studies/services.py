@@ -18,6 +18,7 @@ from django.db import transaction
 from core.audit import audit_event_record
 from core.errors import ApplicationError, FieldError
 from core.roles import is_researcher
+from core.types import User
 from jobs.placement import job_request_with_advice
 from jobs.services import job_submit
 from jobs.validation import JobRequest, job_request_validate
@@ -164,7 +165,7 @@ def _study_point(study: ScalingStudy, ranks: int) -> StudyPoint:
 
 def study_create(
     *,
-    user: Any,
+    user: User,
     cluster: Cluster,
     name: str,
     kind: str,

@@ -9,6 +9,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import render
 from django.urls import reverse
 
+from core.access import request_user
 from core.errors import FieldError
 from core.roles import is_researcher
 from studies.forms import StudyForm
@@ -18,7 +19,7 @@ from studies.services import study_create, study_results_freeze
 
 @login_required
 def study_list_page(request: HttpRequest) -> HttpResponse:
-    studies = list(study_list_for_user(user=request.user).prefetch_related("points")[:100])
+    studies = list(study_list_for_user(user=request_user(request)).prefetch_related("points")[:100])
     return render(
         request,
         "studies/study_list.html",
@@ -36,7 +37,7 @@ def study_new_page(request: HttpRequest) -> HttpResponse:
         cluster = data["cluster"]
         try:
             study = study_create(
-                user=request.user,
+                user=request_user(request),
                 cluster=cluster,
                 name=data["name"],
                 kind=data["kind"],
@@ -60,7 +61,7 @@ def study_new_page(request: HttpRequest) -> HttpResponse:
 
 
 def _context(request: HttpRequest, study_id: int) -> dict[str, Any]:
-    study = study_get_for_user(user=request.user, study_id=study_id)
+    study = study_get_for_user(user=request_user(request), study_id=study_id)
     study_results_freeze(study=study)
     return {"study": study, "report": study_report(study=study)}
 

@@ -81,8 +81,15 @@ def _celery(
 
 
 def start_worker(
-    *, database_url: str, log_path: Path, extra_env: dict[str, str] | None = None, name: str = "w1"
+    *,
+    database_url: str,
+    log_path: Path,
+    extra_env: dict[str, str] | None = None,
+    name: str = "w1",
+    queues: list[str] | None = None,
 ) -> CeleryProcess:
+    """A worker consuming ``queues``; None: every queue in CELERY_TASK_QUEUES (the default
+    one and the notifications queue), as ``make run``'s worker does."""
     command = [
         "worker",
         "--pool=solo",
@@ -91,6 +98,8 @@ def start_worker(
         "--without-mingle",
         f"--hostname={name}@%h",
     ]
+    if queues is not None:
+        command.append(f"--queues={','.join(queues)}")
     return _celery(command, database_url=database_url, log_path=log_path, extra_env=extra_env)
 
 

@@ -1,10 +1,15 @@
 """Kinds of damage to a checkpoint, for the drill tests and the corruption-coverage suite.
 
 File damage breaks what the manifest says (a truncated, missing or flipped file, a missing
-or foreign manifest, a partial directory). State damage keeps every hash valid: the rank's
-state is loaded, changed, written again in the trainer's format, and its sidecar and the
-manifest are rewritten with the new sizes and sha256 — only a comparison with the state
-Gantry recorded at save time can catch it. Each kind names the verdict class a drill must
+or foreign manifest, a partial directory, the whole directory swapped for another complete
+checkpoint of the run). State damage keeps every hash valid: the rank's state is loaded,
+changed, written again in the trainer's format, and its sidecar and the manifest are
+rewritten with the new sizes and sha256. After Gantry registered the checkpoint, that new
+manifest is not the registered one (``not_as_registered``); a kind marked
+``registered_as_written`` is damage from before registration (the trainer wrote bad state
+with valid hashes, and Gantry registered that manifest), which only a comparison with the
+state Gantry recorded at save time can catch: the tests register the damaged manifest
+(``registered_digest``) before drilling it. Each kind names the verdict class a drill must
 reach. Plain torch and the trainer's checkpoint module: no Django.
 """
 
@@ -21,10 +26,17 @@ from typing import Any
 import torch
 
 from trainer import checkpoint as ck
+from trainer.schema import manifest_digest
 
 
 def _manifest(d: Path) -> dict[str, Any]:
     return json.loads((d / "manifest.json").read_text())
+
+
+def registered_digest(d: Path) -> str:
+    """The digest Gantry registers for the checkpoint in ``d`` (``jobs.ingest``), as the
+    manifest there says now."""
+    return manifest_digest(_manifest(d))
 
 
 def _write_manifest(d: Path, manifest: dict[str, Any]) -> None:
@@ -144,6 +156,17 @@ def foreign_manifest(d: Path, other: Path) -> None:
     shutil.copyfile(other / "manifest.json", d / "manifest.json")
 
 
+def swapped_for_another_step(d: Path, other: Path) -> None:
+    """The directory's files replaced by another step's checkpoint of the same run: complete
+    and self-consistent (every file, size, sha256, sidecar and the manifest valid), only
+    not the checkpoint Gantry registered at this step. The manifest goes in last, as the
+    trainer writes it."""
+    for path in d.iterdir():
+        path.unlink()
+    for path in sorted(other.iterdir(), key=lambda p: p.name == "manifest.json"):
+        shutil.copyfile(path, d / path.name)
+
+
 def partial_directory(d: Path, other: Path) -> None:
     """Half the files of a save: what a crash mid-write leaves, with a manifest that
     lists them all."""
@@ -247,6 +270,9 @@ class Damage:
     sharded: bool = False
     # The reason must contain one of these (it names the shard or the rank at fault).
     names: tuple[str, ...] = ()
+    # Damage from before Gantry registered the checkpoint: drill it with the damaged
+    # manifest registered (``registered_digest``), as Gantry would have registered it.
+    registered_as_written: bool = False
 
     def named_in(self, reason: str | None) -> bool:
         return not self.names or any(name in (reason or "") for name in self.names)
@@ -264,6 +290,13 @@ FILE = _codes(
     "load_error",
 )
 STATE = _codes("state_mismatch", "inconsistent_state", "missing_state", "load_error", "step_error")
+NOT_AS_REGISTERED = _codes("not_as_registered")
+
+
+def _written(name: str, damage: Callable[[Path, Path], None], codes: frozenset[str]) -> Damage:
+    """State damage the trainer wrote and Gantry registered: every hash valid."""
+    return Damage(name, damage, "failed", codes, registered_as_written=True)
+
 
 KINDS: list[Damage] = [
     Damage("truncated data file", truncate, "failed", FILE),
@@ -271,17 +304,23 @@ KINDS: list[Damage] = [
     Damage("missing data file", missing_data_file, "failed", FILE),
     Damage("flipped byte", flipped_byte, "failed", FILE),
     Damage("manifest missing", manifest_missing, "failed", FILE),
-    Damage("manifest of another save", foreign_manifest, "failed", FILE | STATE),
+    Damage("manifest of another save", foreign_manifest, "failed", NOT_AS_REGISTERED),
     Damage("partial directory", partial_directory, "failed", FILE),
-    Damage("weights altered 1% (hashes valid)", _state(_scale_weights), "failed", STATE),
-    Damage("optimizer moments altered (hashes valid)", _state(_moments), "failed", STATE),
-    Damage("optimizer step counts altered (hashes valid)", _state(_step_counts), "failed", STATE),
-    Damage("scheduler state altered (hashes valid)", _state(_scheduler), "failed", STATE),
-    Damage("data position altered (hashes valid)", _state(_data_position), "failed", STATE),
-    Damage("RNG altered (hashes valid)", _state(_rng), "failed", STATE),
-    Damage("rank files of another step (hashes valid)", other_step_rank_files, "failed", STATE),
-    Damage("a tensor of the wrong shape (hashes valid)", _state(_wrong_shape), "failed", STATE),
-    Damage("a missing key (hashes valid)", _state(_missing_key), "failed", STATE),
+    Damage(
+        "checkpoint swapped for another step (complete, hashes valid)",
+        swapped_for_another_step,
+        "failed",
+        NOT_AS_REGISTERED,
+    ),
+    _written("weights altered 1% (hashes valid)", _state(_scale_weights), STATE),
+    _written("optimizer moments altered (hashes valid)", _state(_moments), STATE),
+    _written("optimizer step counts altered (hashes valid)", _state(_step_counts), STATE),
+    _written("scheduler state altered (hashes valid)", _state(_scheduler), STATE),
+    _written("data position altered (hashes valid)", _state(_data_position), STATE),
+    _written("RNG altered (hashes valid)", _state(_rng), STATE),
+    _written("rank files of another step (hashes valid)", other_step_rank_files, STATE),
+    _written("a tensor of the wrong shape (hashes valid)", _state(_wrong_shape), STATE),
+    _written("a missing key (hashes valid)", _state(_missing_key), STATE),
     Damage(
         "one rank's shard missing",
         shard_missing,
@@ -297,6 +336,7 @@ KINDS: list[Damage] = [
         _codes("state_mismatch"),
         sharded=True,
         names=("rank 0's slice", "rank 1's slice"),
+        registered_as_written=True,
     ),
     Damage(
         "a shard of another step (hashes valid)",
@@ -305,6 +345,7 @@ KINDS: list[Damage] = [
         _codes("state_mismatch", "inconsistent_state"),
         sharded=True,
         names=("rank 1's slice", "rank-00001-"),
+        registered_as_written=True,
     ),
 ]
 # The kinds that apply to any checkpoint, and those that need a sharded one.

@@ -6,6 +6,7 @@ import factory
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 
+from core.models import ApiToken
 from core.roles import roles_sync
 from jobs.models import Checkpoint, Job
 from nodes.models import Cluster, Gpu, Node, Partition, Switch
@@ -28,6 +29,18 @@ class UserFactory(factory.django.DjangoModelFactory):
                 # A transactional test flushed the tables, the migration's groups with them.
                 roles_sync()
             self.groups.add(Group.objects.get(name=extracted))
+
+
+def legacy_api_token(*, user: Any, key: str, name: str = "converted") -> ApiToken:
+    """A legacy token for DRF authtoken ``key``, as migration core 0004 makes one (directly
+    in the database, as that migration does: no audit event)."""
+    return ApiToken.objects.create(
+        user=user,
+        name=name,
+        prefix=key[: ApiToken.LEGACY_SHOWN_PREFIX_LENGTH],
+        key_hash=ApiToken.hash_secret(key),
+        legacy=True,
+    )
 
 
 # The test personas' accounts on every cluster (the dev cluster has these Unix users):

@@ -62,13 +62,23 @@ def submit_tiny(
     return ids
 
 
+# slurmdbd gets a job's row seconds after slurmctld has the job (on the dev cluster the
+# first sacct row came 2.3-5.0 s after sbatch; for a 3 s job, after it had already ended in
+# 5 runs of 8), and a job Gantry finishes from its exit record (a cycle whose sacct failed,
+# a cluster without accounting) is final about a second after it ends. Slurm's view is read
+# again for this long before a job is called lost.
+EVIDENCE_WAIT_SECONDS = 30
+
+
 def slurm_jobs_by_tag(devcluster: DevCluster) -> dict[str, set[str]]:
-    """Every Slurm job of the last hour (queue and accounting), grouped by job name."""
+    """Every Slurm job of the last hour, grouped by job name: accounting (sacct) and the
+    controller (squeue --states=all, which keeps an ended job for MinJobAge, 300 s, so a
+    job slurmdbd has not recorded yet still shows)."""
     found: dict[str, set[str]] = defaultdict(set)
     accounting = devcluster.slurm(
         ["sacct", "-n", "-X", "-P", "-a", "-o", "JobID,JobName%80", "-S", "now-1hours"]
     ).stdout
-    queue = devcluster.slurm(["squeue", "-h", "-a", "-o", "%i|%j"]).stdout
+    queue = devcluster.slurm(["squeue", "-h", "-a", "--states=all", "-o", "%i|%j"]).stdout
     for line in (accounting + "\n" + queue).splitlines():
         if "|" in line:
             job_id, name = line.split("|", 1)
@@ -77,8 +87,21 @@ def slurm_jobs_by_tag(devcluster: DevCluster) -> dict[str, set[str]]:
 
 
 def duplicates_and_lost(devcluster: DevCluster, job_ids: list[str]) -> tuple[int, int, list[str]]:
-    """(jobs with more than one Slurm job, jobs with none and no clear failure, details)."""
-    by_tag = slurm_jobs_by_tag(devcluster)
+    """(jobs with more than one Slurm job, jobs with none and no clear failure, details).
+
+    A job is lost only if Slurm still shows no such job after ``EVIDENCE_WAIT_SECONDS``
+    (the answer is final as soon as nothing is missing)."""
+    deadline = time.monotonic() + EVIDENCE_WAIT_SECONDS
+    while True:
+        duplicates, lost, details = _duplicates_and_lost(slurm_jobs_by_tag(devcluster), job_ids)
+        if not lost or time.monotonic() >= deadline:
+            return duplicates, lost, details
+        time.sleep(1)
+
+
+def _duplicates_and_lost(
+    by_tag: dict[str, set[str]], job_ids: list[str]
+) -> tuple[int, int, list[str]]:
     duplicates = lost = 0
     details = []
     for job_id in job_ids:

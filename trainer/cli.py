@@ -64,6 +64,13 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--checkpoint", required=True)
     v.add_argument("--json", action="store_true")
     v.add_argument("--shallow", action="store_true", help="skip loading files to check keys")
+    v.add_argument(
+        "--registered-step", type=int, help="the step Gantry registered (else not_as_registered)"
+    )
+    v.add_argument(
+        "--registered-manifest-digest",
+        help="the manifest digest Gantry registered (else not_as_registered)",
+    )
     sub.add_parser("describe", help="versions, devices, backend (JSON)")
     sub.add_parser("presets", help="print the config presets and defaults (JSON)")
     c = sub.add_parser("check-config", help="validate a config file; print the full config")
@@ -78,7 +85,12 @@ def _err(msg: str) -> None:
 def _cmd_verify(args: argparse.Namespace) -> int:
     from .checkpoint import verify
 
-    rep = verify(args.checkpoint, deep=not args.shallow)
+    rep = verify(
+        args.checkpoint,
+        deep=not args.shallow,
+        registered_step=args.registered_step,
+        registered_digest=args.registered_manifest_digest,
+    )
     if args.json:
         print(json.dumps(rep, indent=2, sort_keys=True))
     else:

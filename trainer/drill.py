@@ -6,7 +6,10 @@ whose class is the verdict (``trainer.schema.verdict_for``):
 1. ``read_reference`` — what Gantry holds of the original run (losses, the state
    fingerprints at the checkpoint and at the step the drill replays to, the dataset hash);
    absent or incomplete: *inconclusive*.
-2. ``check_integrity`` — every file present, of its size and sha256: else *failed*.
+2. ``check_integrity`` — first, the directory holds the checkpoint Gantry registered (the
+   step and manifest digest in the reference): else *failed* (``not_as_registered``), since
+   another complete checkpoint put in its place passes every later check; then every file
+   present, of its size and sha256: else *failed*.
 3. ``check_consistency`` — every rank's files hold this step, this save, this world size,
    one data position: else *failed* (``inconsistent_state``).
 4. ``check_data`` — the data this trainer would produce is the run's (else *inconclusive*:
@@ -96,6 +99,19 @@ def read_reference(path: str) -> dict[str, Any]:
     return reference
 
 
+def registered_of(reference: dict[str, Any]) -> tuple[int | None, str | None]:
+    """The checkpoint as Gantry registered it: (step, manifest digest) from its reference;
+    None where the reference does not say (standalone, or registered before digests). A
+    value of the wrong type is a reference the drill cannot hold the checkpoint to."""
+    step = reference.get("checkpoint_step")
+    digest = reference.get("manifest_digest")
+    if step is not None and (isinstance(step, bool) or not isinstance(step, int)):
+        raise DrillEnded(Reason.REFERENCE_INCOMPLETE, f"reference checkpoint_step {step!r}")
+    if digest is not None and not isinstance(digest, str):
+        raise DrillEnded(Reason.REFERENCE_INCOMPLETE, f"reference manifest_digest {digest!r}")
+    return step, digest or None
+
+
 def _empty_report(
     checkpoint: str, reference: str, k: int, env: dist.DistEnv, device: torch.device, **extra: Any
 ) -> dict[str, Any]:
@@ -148,6 +164,8 @@ class Drill:
     reference: dict[str, Any] = field(default_factory=dict)
     # Restore with this strategy instead of the checkpoint's (None: the checkpoint's).
     strategy: str | None = None
+    # The checkpoint as Gantry registered it (None: not said): step, manifest digest.
+    registered: tuple[int | None, str | None] = (None, None)
 
     @property
     def timings(self) -> dict[str, Any]:
@@ -160,18 +178,27 @@ class Drill:
     def read_reference(self) -> None:
         self.reference = read_reference(self.reference_path)
         self.doc["reference_digest"] = json_digest(self.reference)
+        self.registered = registered_of(self.reference)
 
     def check_integrity(self) -> None:
-        """Rank 0 checks every file (each rank re-verifies what it loads later)."""
+        """Rank 0 checks that the directory holds the checkpoint Gantry registered, then
+        every file (each rank re-verifies what it loads later)."""
         t0 = time.perf_counter()
-        rep = ck.verify(self.checkpoint, deep=False) if self.env.rank == 0 else None
+        step, digest = self.registered
+        rep = (
+            ck.verify(self.checkpoint, deep=False, registered_step=step, registered_digest=digest)
+            if self.env.rank == 0
+            else None
+        )
         rep = dist.broadcast_object(rep)
         self.timings["integrity_s"] = time.perf_counter() - t0
         assert rep is not None
         keys = ("ok", "reason", "reason_code", "files", "state_keys", "missing_state", "bytes")
         self.doc["integrity"] = {key: rep.get(key) for key in keys}
         self.doc["checkpoint"].update(
-            step=rep["step"], world_size_at_save=rep["world_size_at_save"]
+            step=rep["step"],
+            world_size_at_save=rep["world_size_at_save"],
+            manifest_digest=rep.get("manifest_digest"),
         )
         if rep["ok"]:
             return

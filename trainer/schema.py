@@ -78,6 +78,9 @@ class Reason:
     LOSS_DIVERGED = "loss_diverged"
     LOAD_ERROR = "load_error"
     STEP_ERROR = "step_error"
+    # The checkpoint directory holds another checkpoint than the one Gantry registered
+    # (another step, another manifest), however complete and self-consistent it is.
+    NOT_AS_REGISTERED = "not_as_registered"
     # inconclusive: the drill could not judge the checkpoint
     ALLOCATION_INCOMPATIBLE = "allocation_incompatible"
     REFERENCE_MISSING = "reference_missing"
@@ -100,6 +103,7 @@ class Reason:
             LOSS_DIVERGED,
             LOAD_ERROR,
             STEP_ERROR,
+            NOT_AS_REGISTERED,
         }
     )
     INCONCLUSIVE = frozenset(
@@ -153,3 +157,17 @@ def json_digest(value: Any) -> str:
 
     canonical = json.dumps(convert(value), sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+# The manifest key left out of its digest: the state fingerprint, which Gantry keeps in its
+# own table (``StateFingerprint``) and a drill compares with the loaded state itself.
+MANIFEST_DIGEST_EXCLUDES = ("fingerprint",)
+
+
+def manifest_digest(manifest: dict[str, Any]) -> str:
+    """The digest Gantry registers a checkpoint's manifest by, and the trainer checks the
+    checkpoint directory's manifest against: ``json_digest`` of the parsed manifest less
+    its ``fingerprint``. Every file's name, size and sha256, the step, the world size and
+    the save id are in it, so any other checkpoint (another step, another save, files
+    rewritten with their hashes) has another digest."""
+    return json_digest({k: v for k, v in manifest.items() if k not in MANIFEST_DIGEST_EXCLUDES})

@@ -109,6 +109,9 @@ class Session:
             y.reshape(-1),
             ignore_index=IGNORE_INDEX,
         )
+        # This rank's own work before any collective of the step (DDP's forward has none):
+        # a rank slower here than its peers is a straggler (its node, not the network).
+        t_forward = time.perf_counter() - t0 - t_data
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         if self.cfg.grad_clip > 0:
@@ -127,6 +130,7 @@ class Session:
             "data_time": t_data,
             "lr": lr,
             "compute_time": time.perf_counter() - t0 - t_data,
+            "forward_time": t_forward,
         }
 
     # -- state ---------------------------------------------------------------------------------

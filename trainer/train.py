@@ -165,6 +165,25 @@ class TrainLoop:
     reached: int | None = None
     loss: float = float("nan")
     last_saved: int = 0
+    # This rank's forward and step seconds since the last logged step.
+    rank_forward_s: float = 0.0
+    rank_step_s: float = 0.0
+    rank_steps: int = 0
+
+    def rank_timings(self) -> list[list[Any]]:
+        """Collective (every rank calls it at each logged step): each rank's mean forward
+        and step seconds over the interval, with its node: ``[rank, node, forward_s,
+        step_s]`` per rank (``trainer/SCHEMA.md``, ``ranks``)."""
+        steps = max(1, self.rank_steps)
+        mine = [
+            self.env.rank,
+            self.env.node,
+            round(self.rank_forward_s / steps, 6),
+            round(self.rank_step_s / steps, 6),
+        ]
+        self.rank_forward_s = self.rank_step_s = 0.0
+        self.rank_steps = 0
+        return [list(row) for row in dist.all_gather_object(mine, self.env)]
 
     def report_checkpoint_errors(self) -> None:
         for error in self.writer.errors[self.reported_errors :]:
@@ -215,8 +234,12 @@ class TrainLoop:
                 self.report_checkpoint_errors()
             step_time = time.perf_counter() - t0
             elapsed = time.perf_counter() - t_perf
+            self.rank_forward_s += result.get("forward_time", 0.0)
+            self.rank_step_s += step_time
+            self.rank_steps += 1
             self._maybe_target(window, step, elapsed)
             if step % cfg.log_every == 0 or step == cfg.steps:
+                ranks = self.rank_timings()
                 self.metrics.write(
                     {
                         "step": step,
@@ -231,6 +254,7 @@ class TrainLoop:
                         "checkpoint_blocking_time": blocking,
                         "world_size": self.env.world_size,
                         "global_batch": session.global_batch,
+                        "ranks": ranks,
                     }
                 )
         return time.perf_counter() - t_perf

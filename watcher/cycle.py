@@ -41,6 +41,8 @@ from nodes.slurm import errors as slurm_errors
 from nodes.slurm.client import SlurmClient
 from nodes.slurm.errors import describe_cluster_error
 from nodes.slurm.transport import pool_counters
+from recovery.cycle import recovery_cycle
+from recovery.models import Incident
 from runs.lifecycle import (
     ACCOUNTING_DOWN,
     ACCOUNTING_NONE,
@@ -71,6 +73,8 @@ class ReconcileResult:
     checkpoints: int = 0
     requeued: int = 0
     accounting: str = ACCOUNTING_OK
+    incidents_opened: int = 0
+    incidents_advanced: int = 0
     errors: list[str] = field(default_factory=list)
 
 
@@ -110,7 +114,13 @@ def _cycle(cluster: Cluster) -> ReconcileResult:
         result.requeued += kind.requeue_stalled(cluster, now)
     tracked = [(kind, kind.active_in_slurm(cluster)) for kind in KINDS]
     risky = [(kind, kind.at_risk(cluster, now)) for kind in KINDS]
-    if not any(objects for _, objects in tracked + risky) and not _has_files_to_read(cluster):
+    if (
+        not any(objects for _, objects in tracked + risky)
+        and not _has_files_to_read(cluster)
+        and not Incident.objects.filter(
+            cluster=cluster, outcome__in=list(Incident.ACTIVE_OUTCOMES)
+        ).exists()
+    ):
         _reconcile_done(cluster, result, now)
         return result
     # squeue/sacct as the service account (every user's jobs); run directories as each
@@ -158,6 +168,7 @@ def _cycle(cluster: Cluster) -> ReconcileResult:
         result.errors += pending_estimates_refresh(cluster=cluster, client=client, now=now)
         # Jobs that just ended get their files read in this same cycle.
         files = run_files_read(cluster=cluster, jobs=jobs_to_read(cluster), listing=listing)
+        _recover(cluster, files.seen, now, result)
     except slurm_errors.SlurmError as error:
         _count_ssh(result, login_node, before)
         _reconcile_failed(cluster, result, now, describe_cluster_error(error))
@@ -172,6 +183,22 @@ def _cycle(cluster: Cluster) -> ReconcileResult:
         _accounting_answered(cluster)
     _reconcile_done(cluster, result, now)
     return result
+
+
+def _recover(cluster: Cluster, seen: set[Any], now: datetime, result: ReconcileResult) -> None:
+    """Recovery's detection and its open incidents (``recovery.cycle``), on what this cycle
+    read. A failure there is logged and listed, never a failed cycle: the watcher's own
+    work (states, files) is already applied."""
+    try:
+        recovered = recovery_cycle(cluster=cluster, seen=seen, now=now)
+    except slurm_errors.SlurmError:
+        raise
+    except Exception as error:
+        logger.exception("cluster %s: recovery step failed", cluster.name)
+        result.errors.append(f"recovery: {type(error).__name__}: {error}")
+        return
+    result.incidents_opened += recovered.opened
+    result.incidents_advanced += recovered.advanced
 
 
 def _count_ssh(

@@ -13,6 +13,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from core.access import request_user
 from core.permissions import IsResearcherOrOperator
 from jobs.api.jobs import AcceptedSerializer, accepted
 from jobs.api.templates import JobTemplateSerializer
@@ -30,8 +31,8 @@ class JobHoldApi(APIView):
 
     @extend_schema(request=None, responses={202: AcceptedSerializer})
     def post(self, request: Request, job_id: str) -> Response:
-        job = job_get_for_user(user=request.user, job_id=job_id)
-        job_hold(actor=request.user, job=job)
+        job = job_get_for_user(user=request_user(request), job_id=job_id)
+        job_hold(actor=request_user(request), job=job)
         return accepted(job)
 
 
@@ -42,8 +43,8 @@ class JobReleaseApi(APIView):
 
     @extend_schema(request=None, responses={202: AcceptedSerializer})
     def post(self, request: Request, job_id: str) -> Response:
-        job = job_get_for_user(user=request.user, job_id=job_id)
-        job_release(actor=request.user, job=job)
+        job = job_get_for_user(user=request_user(request), job_id=job_id)
+        job_release(actor=request_user(request), job=job)
         return accepted(job)
 
 
@@ -57,10 +58,12 @@ class JobRunAgainApi(APIView):
 
     @extend_schema(request=InputSerializer, responses={202: AcceptedSerializer})
     def post(self, request: Request, job_id: str) -> Response:
-        job = job_get_for_user(user=request.user, job_id=job_id)
+        job = job_get_for_user(user=request_user(request), job_id=job_id)
         data = self.InputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        new = job_run_again(user=request.user, job=job, name=data.validated_data.get("name"))
+        new = job_run_again(
+            user=request_user(request), job=job, name=data.validated_data.get("name")
+        )
         return accepted(new)
 
 
@@ -78,10 +81,10 @@ class JobSaveTemplateApi(APIView):
 
     @extend_schema(request=InputSerializer, responses={201: JobTemplateSerializer})
     def post(self, request: Request, job_id: str) -> Response:
-        job = job_get_for_user(user=request.user, job_id=job_id)
+        job = job_get_for_user(user=request_user(request), job_id=job_id)
         data = self.InputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        template = job_template_from_job(user=request.user, job=job, **data.validated_data)
+        template = job_template_from_job(user=request_user(request), job=job, **data.validated_data)
         body = JobTemplateSerializer(template, context={"request": request}).data
         return Response(body, status=status.HTTP_201_CREATED)
 
@@ -108,7 +111,7 @@ class JobOutputApi(APIView):
 
     @extend_schema(parameters=[_RANGE], responses=_FILE_RESPONSES)
     def get(self, request: Request, job_id: str) -> HttpResponseBase:
-        job = job_get_for_user(user=request.user, job_id=job_id)
+        job = job_get_for_user(user=request_user(request), job_id=job_id)
         return job_output_response(job=job, rank=None, range_header=request.headers.get("Range"))
 
 
@@ -124,7 +127,7 @@ class JobRankOutputsApi(APIView):
 
     @extend_schema(responses=OutputSerializer(many=True))
     def get(self, request: Request, job_id: str) -> Response:
-        job = job_get_for_user(user=request.user, job_id=job_id)
+        job = job_get_for_user(user=request_user(request), job_id=job_id)
         return Response(self.OutputSerializer(job_rank_outputs(job), many=True).data)
 
 
@@ -135,5 +138,5 @@ class JobRankOutputApi(APIView):
 
     @extend_schema(parameters=[_RANGE], responses=_FILE_RESPONSES)
     def get(self, request: Request, job_id: str, rank: int) -> HttpResponseBase:
-        job = job_get_for_user(user=request.user, job_id=job_id)
+        job = job_get_for_user(user=request_user(request), job_id=job_id)
         return job_output_response(job=job, rank=rank, range_header=request.headers.get("Range"))

@@ -7,22 +7,20 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from django.core.cache import cache
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import generics
 from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from core import cache
+from core.access import request_user
 from core.api import CursorPagination, json_page_response
 from core.conditional import etag_for, not_modified, revalidate
 from core.permissions import IsResearcherOrOperator
 from jobs.api.jobs import JobSerializer
 from jobs.models import Job
 from jobs.selectors import job_list, job_list_versions
-
-# How long a rendered page of the job list is kept (its key changes with its rows).
-JOB_LIST_CACHE_SECONDS = 600
 
 
 class JobPagination(CursorPagination):
@@ -64,15 +62,20 @@ class JobListApi(generics.ListAPIView):
         unchanged = not_modified(request, etag)
         if unchanged is not None:
             return unchanged  # type: ignore[return-value]
-        # The rendered rows, under the key of what they show (nothing to invalidate).
-        key = f"job-list-rows:{etag}"
-        rendered = cache.get(key)
-        if not isinstance(rendered, bytes):
+
+        # The rendered rows, under the key of the row versions they show (nothing to
+        # invalidate; the query string is not in it, so no junk parameter adds an entry).
+        def render_rows() -> bytes:
             ids = [row["id"] for row in page]
             found = {job.id: job for job in jobs.filter(id__in=ids)}
             rows = self.get_serializer([found[i] for i in ids if i in found], many=True).data
-            rendered = JSONRenderer().render(rows)
-            cache.set(key, rendered, timeout=JOB_LIST_CACHE_SECONDS)
+            return JSONRenderer().render(rows)
+
+        rendered = cache.get_or_set(
+            cache.JOB_LIST_ROWS,
+            cache.key_job_list_rows(rows=[tuple(row.values()) for row in page]),
+            render_rows,
+        )
         if isinstance(request.accepted_renderer, JSONRenderer):
             response = json_page_response(
                 next_link=next_link, previous_link=previous_link, results=rendered
@@ -86,7 +89,7 @@ class JobListApi(generics.ListAPIView):
     def get_queryset(self):  # type: ignore[no-untyped-def]
         params = self.request.query_params
         return job_list(
-            user=self.request.user,
+            user=request_user(self.request),
             state=params.get("state"),
             owner=params.get("owner"),
             cluster=params.get("cluster"),

@@ -11,6 +11,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from core.access import request_user
 from core.api import CursorPagination
 from core.conditional import etag_for, not_modified, revalidate
 from core.errors import FieldError
@@ -82,6 +83,8 @@ class JobSerializer(serializers.ModelSerializer):
             "time_limit_minutes",
             "nodelist_requested",
             "switches_requested",
+            "exclude_nodes",
+            "recovery",
             "environment",
             "allocated_nodes",
             "exit_code",
@@ -270,6 +273,19 @@ class JobInputSerializer(serializers.Serializer):
         default=False,
         help_text="fill nodelist and switches with Gantry's placement advice (fewest switches)",
     )
+    exclude = serializers.CharField(
+        max_length=1024,
+        required=False,
+        allow_blank=True,
+        default="",
+        help_text="nodes Slurm must not use (a node list expression, --exclude)",
+    )
+    recovery = serializers.DictField(
+        required=False,
+        default=dict,
+        help_text="this job's recovery settings over its cluster's policy: enabled, "
+        "max_attempts, gpu_hours_budget, on_hang (recover|hold|notify), exclude_suspects",
+    )
 
 
 def job_request_from(data: dict[str, Any]) -> JobRequest:
@@ -305,7 +321,7 @@ class JobSubmitApi(APIView):
         job_request = job_request_from(values)
         if values.get("use_placement_advice"):
             job_request, _advice = job_request_with_advice(job_request)
-        job = job_submit(user=request.user, request=job_request)
+        job = job_submit(user=request_user(request), request=job_request)
         return accepted(job)
 
 
@@ -333,7 +349,7 @@ class JobPreviewApi(APIView):
             job_request, advice = job_request_with_advice(job_request)
         else:
             advice = placement_advice_for_request(job_request)
-        job, script = job_preview(user=request.user, request=job_request)
+        job, script = job_preview(user=request_user(request), request=job_request)
         return Response(
             self.OutputSerializer(
                 {
@@ -351,7 +367,7 @@ class JobDetailApi(APIView):
 
     @extend_schema(responses=JobDetailSerializer)
     def get(self, request: Request, job_id: str) -> Response:
-        job = job_get_for_user(user=request.user, job_id=job_id)
+        job = job_get_for_user(user=request_user(request), job_id=job_id)
         return Response(JobDetailSerializer(job, context={"goodput": job_goodput(job=job)}).data)
 
 
@@ -362,8 +378,8 @@ class JobCancelApi(APIView):
 
     @extend_schema(request=None, responses={202: AcceptedSerializer})
     def post(self, request: Request, job_id: str) -> Response:
-        job = job_get_for_user(user=request.user, job_id=job_id)
-        job_cancel(actor=request.user, job=job)
+        job = job_get_for_user(user=request_user(request), job_id=job_id)
+        job_cancel(actor=request_user(request), job=job)
         job.refresh_from_db()
         return accepted(job)
 
@@ -388,7 +404,7 @@ class JobResumeApi(APIView):
 
     @extend_schema(request=InputSerializer, responses={202: AcceptedSerializer})
     def post(self, request: Request, job_id: str) -> Response:
-        job = job_get_for_user(user=request.user, job_id=job_id)
+        job = job_get_for_user(user=request_user(request), job_id=job_id)
         data = self.InputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         values = dict(data.validated_data)
@@ -401,7 +417,7 @@ class JobResumeApi(APIView):
             key: values[key] for key in ("nodes", "tasks_per_node", "partition") if key in values
         }
         new_job = job_resume(
-            actor=request.user,
+            actor=request_user(request),
             checkpoint=checkpoint,
             name=values.get("name"),
             steps=values.get("steps"),
@@ -436,7 +452,9 @@ class JobMetricsApi(APIView):
     )
     def get(self, request: Request, job_id: str) -> Response:
         # What the answer depends on, read narrowly first: most polls end in a 304.
-        job = job_get_for_user(user=request.user, job_id=job_id, only=METRICS_VERSION_FIELDS)
+        job = job_get_for_user(
+            user=request_user(request), job_id=job_id, only=METRICS_VERSION_FIELDS
+        )
         params = request.query_params
 
         def integer(name: str, default: int | None, low: int, high: int) -> int | None:
@@ -468,7 +486,7 @@ class JobMetricsApi(APIView):
         unchanged = not_modified(request, etag)
         if unchanged is not None:
             return unchanged  # type: ignore[return-value]
-        job = job_get_for_user(user=request.user, job_id=job_id)
+        job = job_get_for_user(user=request_user(request), job_id=job_id)
         data = job_metrics(job=job, step_min=step_min, step_max=step_max, max_points=max_points)
         response = Response(data)
         revalidate(response, etag)
@@ -480,7 +498,7 @@ class JobCheckpointsApi(APIView):
 
     @extend_schema(responses=CheckpointSerializer(many=True))
     def get(self, request: Request, job_id: str) -> Response:
-        job = job_get_for_user(user=request.user, job_id=job_id)
+        job = job_get_for_user(user=request_user(request), job_id=job_id)
         return Response(CheckpointSerializer(job.checkpoints.order_by("-step"), many=True).data)
 
 
@@ -491,7 +509,7 @@ class JobLogsApi(APIView):
 
     @extend_schema(parameters=[OpenApiParameter("max_bytes", int)], responses=dict)
     def get(self, request: Request, job_id: str) -> Response:
-        job = job_get_for_user(user=request.user, job_id=job_id)
+        job = job_get_for_user(user=request_user(request), job_id=job_id)
         raw = str(request.query_params.get("max_bytes") or "65536")
         if not raw.isdigit() or not 1 <= int(raw) <= 1 << 20:
             raise serializers.ValidationError({"max_bytes": ["an integer from 1 to 1048576"]})
@@ -517,7 +535,7 @@ class JobEventsApi(generics.ListAPIView):
     filter_backends: list[Any] = []
 
     def get_queryset(self):  # type: ignore[no-untyped-def]
-        job = job_get_for_user(user=self.request.user, job_id=self.kwargs["job_id"])
+        job = job_get_for_user(user=request_user(self.request), job_id=self.kwargs["job_id"])
         return JobEvent.objects.filter(job=job)
 
 

@@ -11,7 +11,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from core.access import can_act
+from core.access import can_act, request_user
 from core.api import CursorPagination
 from core.errors import FieldError
 from core.permissions import IsResearcherOrOperator
@@ -100,7 +100,7 @@ class JobTemplateListApi(generics.ListAPIView):
     filter_backends: list[Any] = []
 
     def get_queryset(self):  # type: ignore[no-untyped-def]
-        return job_template_list_for_user(user=self.request.user)
+        return job_template_list_for_user(user=request_user(self.request))
 
 
 class JobTemplateCreateApi(APIView):
@@ -125,7 +125,7 @@ class JobTemplateCreateApi(APIView):
         cluster = _cluster_named(values["job"].get("cluster"))
         settings = _settings_from(values["job"], cluster)
         template = job_template_create(
-            user=request.user,
+            user=request_user(request),
             name=values["name"],
             description=values["description"],
             shared=values["shared"],
@@ -141,7 +141,7 @@ class JobTemplateDetailApi(APIView):
 
     @extend_schema(responses=JobTemplateSerializer)
     def get(self, request: Request, template_id: int) -> Response:
-        template = job_template_get_for_user(user=request.user, template_id=template_id)
+        template = job_template_get_for_user(user=request_user(request), template_id=template_id)
         return Response(JobTemplateSerializer(template, context={"request": request}).data)
 
 
@@ -158,7 +158,7 @@ class JobTemplateUpdateApi(APIView):
 
     @extend_schema(request=InputSerializer, responses=JobTemplateSerializer)
     def post(self, request: Request, template_id: int) -> Response:
-        template = job_template_get_for_user(user=request.user, template_id=template_id)
+        template = job_template_get_for_user(user=request_user(request), template_id=template_id)
         data = self.InputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         values = data.validated_data
@@ -171,7 +171,7 @@ class JobTemplateUpdateApi(APIView):
                 raise FieldError("job.cluster", "a template keeps its cluster; make a new one")
             settings = _settings_from(values["job"], template.cluster)
         template = job_template_update(
-            actor=request.user,
+            actor=request_user(request),
             template=template,
             name=values.get("name"),
             description=values.get("description"),
@@ -188,13 +188,15 @@ class JobTemplateDeleteApi(APIView):
 
     @extend_schema(request=None, responses={204: None})
     def post(self, request: Request, template_id: int) -> Response:
-        template = job_template_get_for_user(user=request.user, template_id=template_id)
-        job_template_delete(actor=request.user, template=template)
+        template = job_template_get_for_user(user=request_user(request), template_id=template_id)
+        job_template_delete(actor=request_user(request), template=template)
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
 class JobTemplateSubmitApi(APIView):
-    """Submit a job with a template's settings, as you (202: poll ``poll``)."""
+    """Submit a job with a template's settings, as you (202: poll ``poll``). Someone
+    else's template that sets environment variables needs ``confirm_environment``: the
+    template's ``job.environment``, sent back unchanged (400 otherwise)."""
 
     permission_classes = [IsResearcherOrOperator]
 
@@ -202,13 +204,23 @@ class JobTemplateSubmitApi(APIView):
         name = serializers.CharField(
             max_length=128, required=False, help_text="the job's name; default: the template's"
         )
+        confirm_environment = serializers.DictField(
+            child=serializers.CharField(allow_blank=True, trim_whitespace=False),
+            required=False,
+            help_text="the environment variables your job gets from the template, as you "
+            "read them (its job.environment); required for someone else's template that "
+            "sets any",
+        )
 
     @extend_schema(request=InputSerializer, responses={202: AcceptedSerializer})
     def post(self, request: Request, template_id: int) -> Response:
-        template = job_template_get_for_user(user=request.user, template_id=template_id)
+        template = job_template_get_for_user(user=request_user(request), template_id=template_id)
         data = self.InputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         job = job_template_submit(
-            user=request.user, template=template, name=data.validated_data.get("name")
+            user=request_user(request),
+            template=template,
+            name=data.validated_data.get("name"),
+            confirm_environment=data.validated_data.get("confirm_environment"),
         )
         return accepted(job)

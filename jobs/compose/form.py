@@ -71,7 +71,9 @@ class JobForm(forms.Form):
     environment = forms.CharField(
         required=False,
         widget=forms.Textarea(attrs={"rows": 2, "placeholder": '{"NCCL_DEBUG": "INFO"}'}),
-        help_text="Extra environment variables for the ranks, as JSON (optional).",
+        help_text="Extra environment variables for the ranks, as JSON (optional). Only knobs "
+        "that load no code (OMP_NUM_THREADS, NCCL_DEBUG, TORCH_DISTRIBUTED_DEBUG, "
+        "GANTRY_USER_*, ...) and what the cluster's operator allows.",
     )
     partition = forms.CharField(
         max_length=64,

@@ -13,6 +13,7 @@ from typing import Any
 
 from core.errors import FieldError
 from jobs.models import Job
+from jobs.recovery_settings import recovery_overrides_validate
 from jobs.validation import JobRequest
 from nodes.models import Cluster
 from trainer.config import ConfigError
@@ -33,6 +34,7 @@ TEXT_LENGTHS: dict[str, int] = {
     "gpu_type": 64,
     "nodelist": 1024,
     "switches": 64,
+    "exclude": 1024,
 }
 OPTIONAL_INTEGERS = ("tasks_per_node", "memory_mb")
 SETTINGS_KEYS = (
@@ -41,6 +43,7 @@ SETTINGS_KEYS = (
     "config",
     "environment",
     "use_placement_advice",
+    "recovery",
 )
 # The trainer keys the form has fields of; the rest of a config goes to "extra_config".
 FORM_CONFIG_KEYS = (
@@ -90,9 +93,11 @@ def job_settings(job: Job) -> dict[str, Any]:
         "time_limit_minutes": job.time_limit_minutes,
         "nodelist": job.nodelist_requested,
         "switches": job.switches_requested,
+        "exclude": job.exclude_nodes,
         "config": compact_config(dict(job.config or {})),
         "environment": dict(job.environment or {}),
         "use_placement_advice": False,
+        "recovery": dict(job.recovery or {}),
     }
 
 
@@ -129,6 +134,10 @@ def settings_clean(settings: Any) -> dict[str, Any]:
     if not isinstance(advice, bool):
         raise FieldError("settings.use_placement_advice", "must be true or false")
     clean["use_placement_advice"] = advice
+    try:
+        clean["recovery"] = recovery_overrides_validate(settings.get("recovery"))
+    except FieldError as error:
+        raise FieldError("settings.recovery", error.why) from None
     return clean
 
 
@@ -168,6 +177,8 @@ def job_request_from_values(
         nodelist=values.get("nodelist") or "",
         switches=values.get("switches") or "",
         environment=dict(values.get("environment") or {}),
+        exclude=values.get("exclude") or "",
+        recovery=dict(values.get("recovery") or {}),
     )
 
 

@@ -4,7 +4,9 @@ Reads: ``job_template_list_for_user`` / ``job_template_get_for_user``, the one a
 for templates: its owner and operators see a private template, everyone with a role sees
 a shared one; anyone else gets the same not-found as for a template that does not exist.
 Changing or deleting one is ``core.access.can_act`` (owner or operator). Submitting from a
-shared template submits as the person who clicks, on their own account.
+shared template submits as the person who clicks, on their own account; someone else's
+template that sets environment variables is never applied unseen: the submitter confirms
+that environment (``template_environment_to_confirm``).
 
 Writes validate the settings against the cluster (as a submit would), run in one
 transaction and write one audit event each.
@@ -19,10 +21,11 @@ from django.db import IntegrityError, transaction
 from django.db.models import Q, QuerySet
 from django.http import Http404
 
-from core.access import require_can_act
+from core.access import is_own, require_can_act
 from core.audit import AuditAction, audit_event_record
 from core.errors import FieldError
 from core.roles import is_operator, is_researcher
+from core.types import User
 from jobs.compose.settings import job_request_from_values, job_settings, settings_clean
 from jobs.lifecycle import job_event
 from jobs.models import Job, JobEvent, JobTemplate
@@ -37,7 +40,7 @@ DESCRIPTION_MAX_LENGTH = 512
 # ---------------------------------------------------------------- reads
 
 
-def job_template_list_for_user(*, user: Any) -> QuerySet[JobTemplate]:
+def job_template_list_for_user(*, user: User) -> QuerySet[JobTemplate]:
     """Templates ``user`` may see: their own and the shared ones; operators see all."""
     templates = JobTemplate.objects.select_related("owner", "cluster")
     if is_operator(user):
@@ -47,7 +50,7 @@ def job_template_list_for_user(*, user: Any) -> QuerySet[JobTemplate]:
     return templates.filter(Q(owner_id=user.pk) | Q(shared=True))
 
 
-def job_template_get_for_user(*, user: Any, template_id: Any) -> JobTemplate:
+def job_template_get_for_user(*, user: User, template_id: Any) -> JobTemplate:
     """The one access check for a template: Http404 both for a missing template and for
     someone else's private one."""
     try:
@@ -87,7 +90,7 @@ def _checked_settings(settings: Any, cluster: Cluster) -> dict[str, Any]:
     return clean
 
 
-def _require_role(user: Any) -> None:
+def _require_role(user: User) -> None:
     if not is_researcher(user):
         raise PermissionDenied("You need the researcher or operator role to keep templates.")
 
@@ -102,7 +105,7 @@ def _save(template: JobTemplate, *, update_fields: list[str] | None = None) -> N
 
 def job_template_create(
     *,
-    user: Any,
+    user: User,
     name: str,
     cluster: Cluster,
     settings: dict[str, Any],
@@ -139,7 +142,7 @@ def job_template_create(
 
 
 def job_template_from_job(
-    *, user: Any, job: Job, name: str, shared: bool = False, description: str = ""
+    *, user: User, job: Job, name: str, shared: bool = False, description: str = ""
 ) -> JobTemplate:
     """Keep the settings of a job ``user`` may see as a template of theirs."""
     return job_template_create(
@@ -155,7 +158,7 @@ def job_template_from_job(
 
 def job_template_update(
     *,
-    actor: Any,
+    actor: User,
     template: JobTemplate,
     name: str | None = None,
     description: str | None = None,
@@ -189,7 +192,7 @@ def job_template_update(
     return template
 
 
-def job_template_delete(*, actor: Any, template: JobTemplate) -> None:
+def job_template_delete(*, actor: User, template: JobTemplate) -> None:
     """Delete a template (owner or operator), audited. Jobs made from it stay."""
     require_can_act(actor, owner_id=template.owner_id, what="delete this template")
     with transaction.atomic():
@@ -203,7 +206,7 @@ def job_template_delete(*, actor: Any, template: JobTemplate) -> None:
 
 
 def _submit_settings(
-    *, user: Any, cluster: Cluster, settings: dict[str, Any], origin: dict[str, Any]
+    *, user: User, cluster: Cluster, settings: dict[str, Any], origin: dict[str, Any]
 ) -> Job:
     request = job_request_from_values(settings, cluster=cluster)
     if settings.get("use_placement_advice"):
@@ -211,12 +214,54 @@ def _submit_settings(
     return job_submit(user=user, request=request, origin=origin)
 
 
-def job_template_submit(*, user: Any, template: JobTemplate, name: str | None = None) -> Job:
+def template_environment_to_confirm(*, user: User, template: JobTemplate) -> dict[str, str]:
+    """The environment ``user`` must see and confirm before a job is submitted from
+    ``template``: someone else's template's variables (they would apply to ``user``'s own
+    job, on ``user``'s account); empty for one's own template or one without any."""
+    if is_own(user, owner_id=template.owner_id):
+        return {}
+    environment = (template.settings or {}).get("environment") or {}
+    return dict(environment) if isinstance(environment, dict) else {}
+
+
+def _check_confirmed_environment(
+    *, user: User, template: JobTemplate, settings: dict[str, Any], confirmed: Any
+) -> None:
+    """Refuse unless ``confirmed`` is the environment the job would get, where it must be
+    confirmed (someone else's template) or was sent (the template may have changed since
+    the caller read it)."""
+    environment = settings.get("environment") or {}
+    required = bool(template_environment_to_confirm(user=user, template=template))
+    if confirmed is None and not required:
+        return
+    if confirmed != environment:
+        names = ", ".join(sorted(environment)) or "none"
+        raise FieldError(
+            "confirm_environment",
+            f"the template “{template.name}” of {template.owner.get_username()} sets "
+            f"environment variables for your job ({names}); read them (the template's "
+            "job.environment) and send the same object as confirm_environment to submit "
+            "with them",
+        )
+
+
+def job_template_submit(
+    *,
+    user: User,
+    template: JobTemplate,
+    name: str | None = None,
+    confirm_environment: dict[str, Any] | None = None,
+) -> Job:
     """Submit a job with a template's settings, as ``user`` (who may see it: their own or
-    a shared one), validated like any submit. ``name`` replaces the job name."""
+    a shared one), validated like any submit. ``name`` replaces the job name. Someone
+    else's template that sets environment variables needs ``confirm_environment`` equal
+    to them (a 400 on that field otherwise)."""
     if template.cluster is None:
         raise FieldError("cluster", "the template's cluster was removed; make a new template")
     settings = settings_clean(template.settings)
+    _check_confirmed_environment(
+        user=user, template=template, settings=settings, confirmed=confirm_environment
+    )
     if name is not None:
         settings["name"] = name
     job = _submit_settings(
@@ -226,7 +271,7 @@ def job_template_submit(*, user: Any, template: JobTemplate, name: str | None = 
     return job
 
 
-def job_run_again(*, user: Any, job: Job, name: str | None = None) -> Job:
+def job_run_again(*, user: User, job: Job, name: str | None = None) -> Job:
     """A fresh job with the settings of ``job`` (one ``user`` may see), as ``user``."""
     settings = job_settings(job)
     if name is not None:

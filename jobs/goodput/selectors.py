@@ -11,7 +11,6 @@ from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
 
-from django.core.cache import cache
 from django.db import connection
 from django.db.models import (
     Avg,
@@ -31,6 +30,7 @@ from django.db.models import (
 )
 from django.utils import timezone
 
+from core import cache
 from jobs.goodput import ledger as goodput
 from jobs.models import Checkpoint, Job, MetricPoint
 from nodes.models import Cluster
@@ -219,34 +219,33 @@ def step_totals(
     return totals
 
 
-# A redone job's split sums change only with its points (they are in the key): kept a day.
-STEP_TOTALS_CACHE_SECONDS = 86_400
-
-
 def _lineage_step_totals(
     rows: list[dict[str, Any]], ranges: dict[str, goodput.StepRanges]
 ) -> dict[str, dict[bool, goodput.StepTotals]]:
     """``step_totals`` for one lineage. The split sums of a job whose steps were redone
     are cached under its offset and step range, which change with its points (jobs whose
-    sums ingest does not keep are summed each time)."""
+    sums ingest does not keep are summed each time, in the same query as the rest)."""
     keys = {
-        str(row["id"]): (
-            f"goodput-steps:{row['id']}:{row['metrics_offset']}:"
-            f"{ranges[str(row['id'])].start}:{ranges[str(row['id'])].cutoff}"
+        str(row["id"]): cache.key_goodput_step_totals(
+            job_id=row["id"],
+            metrics_offset=row["metrics_offset"],
+            step_start=ranges[str(row["id"])].start,
+            step_cutoff=ranges[str(row["id"])].cutoff,
         )
         for row in rows
         if str(row["id"]) in ranges
         and ranges[str(row["id"])].cutoff is not None
         and row["points_totals_offset"] == row["metrics_offset"]
     }
-    cached = cache.get_many(list(keys.values()))
-    known = {job_id: cached[key] for job_id, key in keys.items() if key in cached}
-    totals = step_totals([row for row in rows if str(row["id"]) not in known], ranges)
-    cache.set_many(
-        {key: totals.get(job_id, {}) for job_id, key in keys.items() if job_id not in known},
-        timeout=STEP_TOTALS_CACHE_SECONDS,
-    )
-    return {**totals, **known}
+    never_kept = [row for row in rows if str(row["id"]) not in keys]
+
+    def sum_missing(missing: list[str]) -> dict[str, dict[bool, goodput.StepTotals]]:
+        wanted = set(missing)
+        totals = step_totals([row for row in rows if str(row["id"]) in wanted] + never_kept, ranges)
+        # A job without totals is kept as such: it is not summed again either.
+        return {**totals, **{job_id: totals.get(job_id, {}) for job_id in missing}}
+
+    return cache.get_many_or_set(cache.GOODPUT_STEP_TOTALS, keys, sum_missing)
 
 
 def lineage_link(row: dict[str, Any]) -> goodput.LineageLink:
@@ -282,20 +281,17 @@ def job_times(
     )
 
 
-# How long a cluster's interruption history is reused (it sums every ended job there).
-FAILURE_HISTORY_CACHE_SECONDS = 60
-
-
 def cluster_failure_history(*, cluster: Cluster) -> goodput.FailureHistory:
     """``_failure_history`` of ``cluster``, reused for up to a minute: an interruption rate
     over the cluster's whole history moves slowly, and summing it takes the longest of
     the ledger's reads. The key names the cluster row (id and creation time)."""
-    key = f"goodput-failures:{cluster.pk}:{cluster.created_at.timestamp()}"
-    history = cache.get(key)
-    if history is None:
-        history = _failure_history(cluster_id=cluster.pk)
-        cache.set(key, history, timeout=FAILURE_HISTORY_CACHE_SECONDS)
-    return history  # type: ignore[no-any-return]
+    return cache.get_or_set(
+        cache.CLUSTER_FAILURE_HISTORY,
+        cache.key_cluster_failure_history(
+            cluster_id=cluster.pk, cluster_created_at=cluster.created_at
+        ),
+        lambda: _failure_history(cluster_id=cluster.pk),
+    )
 
 
 def _failure_history(*, cluster_id: int) -> goodput.FailureHistory:
@@ -312,7 +308,12 @@ def _failure_history(*, cluster_id: int) -> goodput.FailureHistory:
         .values("nodes", "gpus_per_node", "tasks_per_node")
         .annotate(
             runtime=Sum(F("ended_at") - F("started_at"), output_field=DurationField()),
-            interruptions=Count("id", filter=Q(state__in=interrupted)),
+            # A job that ended in a failure of its own, or that recovery stopped (a hang, a
+            # straggler, a diverged loss: cancelled by recovery, with an incident; the
+            # recovery app's table, by its relation name: at most one per job).
+            interruptions=Count(
+                "id", filter=Q(state__in=interrupted) | Q(incidents__isnull=False), distinct=True
+            ),
         )
         .order_by()
     )

@@ -12,6 +12,7 @@ from django.http.response import HttpResponseBase
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
+from core.access import request_user
 from core.errors import ApplicationError
 from jobs.output import job_output_response
 from jobs.pending_queue import job_hold, job_release
@@ -19,9 +20,9 @@ from jobs.selectors import job_get_for_user
 
 
 def _hold_or_release(request: HttpRequest, job_id: uuid.UUID, *, hold: bool) -> HttpResponse:
-    job = job_get_for_user(user=request.user, job_id=job_id)
+    job = job_get_for_user(user=request_user(request), job_id=job_id)
     try:
-        outcome = (job_hold if hold else job_release)(actor=request.user, job=job)
+        outcome = (job_hold if hold else job_release)(actor=request_user(request), job=job)
         messages.success(request, f"{job.name}: {outcome}; Slurm's new reason shows shortly.")
     except ApplicationError as error:
         messages.error(request, error.message)
@@ -46,7 +47,7 @@ def job_output_download(
     request: HttpRequest, job_id: uuid.UUID, rank: int | None = None
 ) -> HttpResponseBase:
     """The whole Slurm output (or rank ``rank``'s) as a file; honours ``Range``."""
-    job = job_get_for_user(user=request.user, job_id=job_id)
+    job = job_get_for_user(user=request_user(request), job_id=job_id)
     try:
         return job_output_response(job=job, rank=rank, range_header=request.headers.get("Range"))
     except ApplicationError as error:

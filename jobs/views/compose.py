@@ -15,13 +15,18 @@ from django.shortcuts import render
 from django.urls import reverse
 from django.views.decorators.http import require_POST
 
+from core.access import request_user
 from core.errors import FieldError
 from core.roles import is_researcher
 from jobs.compose.form import JobForm
 from jobs.compose.inventory import checkpoint_advice_for_request, submit_inventory
 from jobs.compose.presets import preset_descriptions
 from jobs.compose.settings import form_initial, job_request_from_values, job_settings
-from jobs.compose.templates import job_template_create, job_template_get_for_user
+from jobs.compose.templates import (
+    job_template_create,
+    job_template_get_for_user,
+    template_environment_to_confirm,
+)
 from jobs.placement import job_request_with_advice, placement_advice_for_request
 from jobs.selectors import job_get_for_user
 from jobs.services import job_preview, job_submit
@@ -39,12 +44,19 @@ def _prefill(request: HttpRequest) -> tuple[dict[str, Any], str]:
     saying where they came from. Someone else's private template or job is not found."""
     template_id = request.GET.get("template")
     if template_id:
-        template = job_template_get_for_user(user=request.user, template_id=template_id)
+        template = job_template_get_for_user(user=request_user(request), template_id=template_id)
         initial = form_initial(template.settings, cluster=template.cluster)
-        return initial, f"From template “{template.name}” ({template.owner.get_username()})."
+        origin = f"From template “{template.name}” ({template.owner.get_username()})."
+        foreign = template_environment_to_confirm(user=request_user(request), template=template)
+        if foreign:
+            origin += (
+                f" It sets environment variables for your job ({', '.join(sorted(foreign))}):"
+                " check them under Environment before you submit."
+            )
+        return initial, origin
     job_id = request.GET.get("from_job")
     if job_id:
-        job = job_get_for_user(user=request.user, job_id=job_id)
+        job = job_get_for_user(user=request_user(request), job_id=job_id)
         initial = form_initial(job_settings(job), cluster=job.cluster)
         return initial, f"The settings of {job.name}: change what you like and submit."
     return {}, ""
@@ -56,7 +68,7 @@ def _save_template(request: HttpRequest, form: JobForm) -> HttpResponse | None:
         form.add_error("save_name", "Name the template to save it.")
         return None
     template = job_template_create(
-        user=request.user,
+        user=request_user(request),
         name=name,
         cluster=form.cleaned_data["cluster"],
         settings=form.settings(),
@@ -94,14 +106,16 @@ def job_new_page(request: HttpRequest) -> HttpResponse:
                 if form.cleaned_data.get("use_placement_advice"):
                     job_request, advice = job_request_with_advice(job_request)
                 if action == "preview":
-                    _, script = job_preview(user=request.user, request=job_request, job_id=job_id)
+                    _, script = job_preview(
+                        user=request_user(request), request=job_request, job_id=job_id
+                    )
                     advice = advice or placement_advice_for_request(job_request)
                     data = request.POST.copy()
                     data["job_id"] = str(job_id)
                     form = JobForm(data, inventory=inventory)
                     form.is_valid()
                 else:
-                    job = job_submit(user=request.user, request=job_request, job_id=job_id)
+                    job = job_submit(user=request_user(request), request=job_request, job_id=job_id)
                     messages.success(
                         request, f"Job {job.name} is queued; Gantry is submitting it to Slurm."
                     )
@@ -177,7 +191,9 @@ def job_compose_check(request: HttpRequest) -> JsonResponse:
             else:
                 advice = placement_advice_for_request(job_request)
             job, script = job_preview(
-                user=request.user, request=job_request, job_id=form.cleaned_data.get("job_id")
+                user=request_user(request),
+                request=job_request,
+                job_id=form.cleaned_data.get("job_id"),
             )
             body.update(
                 ok=True, script=script, advice=placement_as_dict(advice), world=job.world_size

@@ -6,22 +6,21 @@ from typing import Any
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.core.cache import cache
-from django.db.models.fields.json import KeyTextTransform
 from django.http import HttpRequest, HttpResponse, HttpResponseBase, HttpResponseRedirect
 from django.shortcuts import render
 from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_POST
 
-from core.access import can_act
+from core import cache
+from core.access import can_act, request_user
 from core.conditional import etag_for, not_modified, revalidate, static_release, this_minute
 from core.errors import ApplicationError, FieldError
 from core.roles import is_operator, is_researcher
 from jobs.goodput.ledger import format_duration
 from jobs.goodput.work_at_risk import job_work_at_risk
 from jobs.models import Checkpoint, Job
-from jobs.page_versions import CHECKPOINT_FIELDS, EVENT_FIELDS, JobVersion, job_version
+from jobs.page_versions import JobVersion, job_page_rows, job_page_state, job_version
 from jobs.pending_queue import job_pending_summary
 from jobs.placement import JobPlacement, job_placement, job_placement_known
 from jobs.script import job_script
@@ -40,7 +39,7 @@ def job_list_page(request: HttpRequest) -> HttpResponse:
     try:
         jobs = list(
             job_list(
-                user=request.user,
+                user=request_user(request),
                 state=state or None,
                 owner=(owner or None) if sees_all else None,
                 search=search or None,
@@ -68,20 +67,19 @@ def job_list_page(request: HttpRequest) -> HttpResponse:
     )
 
 
-def _job_live_context(request: HttpRequest, job: Job) -> dict[str, Any]:
-    """What the job page's polled header shows: a fixed number of queries, whatever the
-    job's points, checkpoints or cluster size (the placement verdict is worked out once
-    per allocation, ``jobs.placement.job_placement``)."""
-    checkpoints = list(
-        job.checkpoints.defer("manifest", "integrity_report")
-        .annotate(manifest_strategy=KeyTextTransform("strategy", "manifest"))
-        .order_by("-step")
-    )
+def _job_live_context(request: HttpRequest, job: Job, *, page: bool = False) -> dict[str, Any]:
+    """What the job page's polled header shows (``page``: and the rows only the whole page
+    shows), its rows as ``jobs.page_versions.JOB_PAGE_SHOWS`` declares them: a fixed number
+    of queries, whatever the job's points, checkpoints or cluster size (the placement
+    verdict is worked out once per allocation, ``jobs.placement.job_placement``)."""
+    shown = job_page_rows(job=job, page=page)
+    checkpoints = shown.of("checkpoints")
     placement = job_placement(job)
     return {
         "job": job,
+        "shown": shown,
         "throughput": job.throughput_now,
-        "events": list(job.events.all()),
+        "events": shown.of("events"),
         "checkpoints": checkpoints,
         # Job.newest_proven_checkpoint, from the checkpoints read anyway (newest first).
         "newest_proven": next((c for c in checkpoints if c.last_proven_at is not None), None),
@@ -94,23 +92,11 @@ def _job_live_context(request: HttpRequest, job: Job) -> dict[str, Any]:
     }
 
 
-def _job_state(context: dict[str, Any]) -> tuple[Any, ...]:
-    """What the job page shows of the job itself: its row, its timeline and checkpoints
-    (as ``_job_live_context`` read them), for ETags and cache keys. The same columns as
+def _job_state(context: dict[str, Any]) -> list[Any]:
+    """What the job's header shows (its row, its timeline and checkpoints, as
+    ``_job_live_context`` read them), for ETags and cache keys: what
     ``jobs.page_versions`` digests in the database."""
-    job: Job = context["job"]
-    return (
-        [getattr(job, field.attname) for field in Job._meta.concrete_fields],
-        job.cluster.name,
-        [tuple(getattr(event, name) for name in EVENT_FIELDS) for event in context["events"]],
-        [
-            (
-                *(getattr(checkpoint, name) for name in CHECKPOINT_FIELDS),
-                checkpoint.manifest_strategy,
-            )
-            for checkpoint in context["checkpoints"]
-        ],
-    )
+    return job_page_state(context["shown"])
 
 
 def _header_etag(
@@ -168,28 +154,27 @@ JOB_FIGURES_SECONDS = 60
 
 
 def _job_figures(job: Job, context: dict[str, Any], children: list[Job]) -> dict[str, Any]:
-    """``job_goodput`` (as the page shows it) and ``job_work_at_risk`` of the job, from the
-    cache framework under a key of what they are computed from and the minute."""
-    key = "job-figures:" + etag_for(
+    """``job_goodput`` (as the page shows it) and ``job_work_at_risk`` of the job, from
+    ``core.cache`` under a key of what they are computed from and the minute."""
+    version = etag_for(
         _job_state(context),
         [(child.id, child.state, child.metrics_offset, child.ended_at) for child in children],
-        this_minute(),
     )
-    figures = cache.get(key)
-    if figures is None:
-        figures = {
+    return cache.get_or_set(
+        cache.JOB_FIGURES,
+        cache.key_job_figures(job_id=job.id, version=version, minute=this_minute()),
+        lambda: {
             "goodput": _goodput_display(job_goodput(job=job)),
             "work_at_risk": job_work_at_risk(job=job),
             "figures_at": timezone.now(),
-        }
-        cache.set(key, figures, timeout=2 * JOB_FIGURES_SECONDS)
-    return figures  # type: ignore[no-any-return]
+        },
+    )
 
 
 def _job_page_context(request: HttpRequest, job: Job) -> dict[str, Any]:
     """The whole job page: the live header and what only the full page shows."""
-    context = _job_live_context(request, job)
-    children = list(job.children.order_by("-created_at"))
+    context = _job_live_context(request, job, page=True)
+    children = context["shown"].of("children")
     context.update(
         children=children,
         acceptance_json=(
@@ -261,23 +246,19 @@ def _percent(ratio: float | None) -> str:
 def job_detail_page(request: HttpRequest, job_id: uuid.UUID) -> HttpResponseBase:
     # A revalidation is answered from the page's version where there is one (PostgreSQL);
     # the figures and the script are current to the minute, which its ETag names.
-    version = job_version(user=request.user, job_id=job_id, page=True)
+    version = job_version(user=request_user(request), job_id=job_id, page=True)
     etag = _job_version_etag(request, version, "page", static_release())
     unchanged = None if etag is None else not_modified(request, etag)
     if unchanged is not None:
         return unchanged
-    job = job_get_for_user(user=request.user, job_id=job_id)
+    job = job_get_for_user(user=request_user(request), job_id=job_id)
     context = _job_page_context(request, job)
     if etag is None:
-        # The header's ETag and what only the whole page shows (figures, resumed jobs,
-        # script).
+        # The header's ETag and what only the whole page shows (the rows it declares:
+        # names, resumed jobs; figures; script).
         etag = etag_for(
             _job_live_etag(request, context),
-            job.owner.get_username(),
-            [
-                [getattr(child, f.attname) for f in Job._meta.concrete_fields]
-                for child in context["children"]
-            ],
+            job_page_state(context["shown"], page=True),
             context["figures_at"],
             context["script"],
             static_release(),
@@ -293,11 +274,11 @@ def job_status_partial(request: HttpRequest, job_id: uuid.UUID) -> HttpResponseB
     """The live header of the job page, polled while the tab is visible: rendered only
     when it changed since the poller's copy (304 otherwise, see ``core.conditional``),
     which one narrow query tells where the database digests the header's rows."""
-    etag = _job_version_etag(request, job_version(user=request.user, job_id=job_id))
+    etag = _job_version_etag(request, job_version(user=request_user(request), job_id=job_id))
     unchanged = None if etag is None else not_modified(request, etag)
     if unchanged is not None:
         return unchanged
-    job = job_get_for_user(user=request.user, job_id=job_id)
+    job = job_get_for_user(user=request_user(request), job_id=job_id)
     context = _job_live_context(request, job)
     if etag is None:
         etag = _job_live_etag(request, context)
@@ -310,9 +291,9 @@ def job_status_partial(request: HttpRequest, job_id: uuid.UUID) -> HttpResponseB
 @login_required
 @require_POST
 def job_cancel_action(request: HttpRequest, job_id: uuid.UUID) -> HttpResponse:
-    job = job_get_for_user(user=request.user, job_id=job_id)
+    job = job_get_for_user(user=request_user(request), job_id=job_id)
     try:
-        outcome = job_cancel(actor=request.user, job=job)
+        outcome = job_cancel(actor=request_user(request), job=job)
         messages.success(request, f"{job.name}: {outcome}.")
     except ApplicationError as error:
         messages.error(request, error.message)
@@ -322,13 +303,13 @@ def job_cancel_action(request: HttpRequest, job_id: uuid.UUID) -> HttpResponse:
 @login_required
 @require_POST
 def job_resume_action(request: HttpRequest, job_id: uuid.UUID, checkpoint_id: int) -> HttpResponse:
-    job = job_get_for_user(user=request.user, job_id=job_id)
+    job = job_get_for_user(user=request_user(request), job_id=job_id)
     checkpoint = Checkpoint.objects.filter(job=job, pk=checkpoint_id).first()
     if checkpoint is None:
         messages.error(request, "No such checkpoint.")
         return HttpResponseRedirect(reverse("job-detail", args=[job.id]))
     try:
-        new_job = job_resume(actor=request.user, checkpoint=checkpoint)
+        new_job = job_resume(actor=request_user(request), checkpoint=checkpoint)
     except ApplicationError as error:
         messages.error(request, error.message)
         return HttpResponseRedirect(reverse("job-detail", args=[job.id]))

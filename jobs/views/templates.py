@@ -12,7 +12,7 @@ from django.shortcuts import render
 from django.urls import reverse
 from django.views.decorators.http import require_POST
 
-from core.access import can_act
+from core.access import can_act, request_user
 from core.errors import ApplicationError
 from core.roles import is_researcher
 from jobs.compose.templates import (
@@ -22,6 +22,7 @@ from jobs.compose.templates import (
     job_template_list_for_user,
     job_template_submit,
     job_template_update,
+    template_environment_to_confirm,
 )
 from jobs.selectors import job_get_for_user
 
@@ -50,8 +51,12 @@ def job_template_list_page(request: HttpRequest) -> HttpResponse:
             "can_act": can_act(request.user, owner_id=template.owner_id),
             # For the "you" label only; what one may do is can_act's.
             "mine": template.owner == request.user,
+            # Someone else's variables: shown in the form before anything is submitted.
+            "environment_to_confirm": sorted(
+                template_environment_to_confirm(user=request_user(request), template=template)
+            ),
         }
-        for template in job_template_list_for_user(user=request.user)
+        for template in job_template_list_for_user(user=request_user(request))
     ]
     return render(
         request,
@@ -63,9 +68,18 @@ def job_template_list_page(request: HttpRequest) -> HttpResponse:
 @login_required
 @require_POST
 def job_template_submit_action(request: HttpRequest, template_id: int) -> HttpResponse:
-    template = job_template_get_for_user(user=request.user, template_id=template_id)
+    template = job_template_get_for_user(user=request_user(request), template_id=template_id)
+    if template_environment_to_confirm(user=request_user(request), template=template):
+        # Never applied unseen: the form shows the template's variables; submitting it
+        # is the confirmation.
+        messages.info(
+            request,
+            f"“{template.name}” sets environment variables for your job: check them below "
+            "before you submit.",
+        )
+        return HttpResponseRedirect(f"{reverse('job-new')}?template={template.pk}")
     try:
-        job = job_template_submit(user=request.user, template=template)
+        job = job_template_submit(user=request_user(request), template=template)
     except ApplicationError as error:
         messages.error(request, f"{template.name}: {error.message}")
         return HttpResponseRedirect(reverse("job-template-list"))
@@ -76,9 +90,9 @@ def job_template_submit_action(request: HttpRequest, template_id: int) -> HttpRe
 @login_required
 @require_POST
 def job_template_share_action(request: HttpRequest, template_id: int) -> HttpResponse:
-    template = job_template_get_for_user(user=request.user, template_id=template_id)
+    template = job_template_get_for_user(user=request_user(request), template_id=template_id)
     shared = request.POST.get("shared") == "1"
-    job_template_update(actor=request.user, template=template, shared=shared)
+    job_template_update(actor=request_user(request), template=template, shared=shared)
     messages.success(
         request, f"“{template.name}” is {'shared with everyone' if shared else 'private'}."
     )
@@ -88,8 +102,8 @@ def job_template_share_action(request: HttpRequest, template_id: int) -> HttpRes
 @login_required
 @require_POST
 def job_template_delete_action(request: HttpRequest, template_id: int) -> HttpResponse:
-    template = job_template_get_for_user(user=request.user, template_id=template_id)
-    job_template_delete(actor=request.user, template=template)
+    template = job_template_get_for_user(user=request_user(request), template_id=template_id)
+    job_template_delete(actor=request_user(request), template=template)
     messages.success(request, f"Template “{template.name}” deleted.")
     return HttpResponseRedirect(reverse("job-template-list"))
 
@@ -97,10 +111,10 @@ def job_template_delete_action(request: HttpRequest, template_id: int) -> HttpRe
 @login_required
 @require_POST
 def job_save_template_action(request: HttpRequest, job_id: uuid.UUID) -> HttpResponse:
-    job = job_get_for_user(user=request.user, job_id=job_id)
+    job = job_get_for_user(user=request_user(request), job_id=job_id)
     try:
         template = job_template_from_job(
-            user=request.user,
+            user=request_user(request),
             job=job,
             name=request.POST.get("name") or job.name,
             shared=request.POST.get("shared") == "1",

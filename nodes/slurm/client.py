@@ -272,8 +272,9 @@ class SlurmClient:
                 accounted = self._run(commands.sacct_text(names=wanted, start=start))
                 for job in parse_sacct_text(accounted):
                     seen.setdefault(job.job_id, job)
-            except SlurmCommandError as exc:
-                # The database (slurmdbd) down, or no accounting: the queue still answered.
+            except (SlurmCommandError, SlurmParseError) as exc:
+                # The database (slurmdbd) down, or no accounting, or an answer we cannot
+                # read: the queue still answered, but no absence may be proven on this.
                 if isinstance(exc, SlurmNotFound):
                     raise
                 lookup.accounting_ok = False

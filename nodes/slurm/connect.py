@@ -18,8 +18,15 @@ from nodes.slurm.errors import (
     SshConfigurationError,
     SshError,
     SshTransientError,
+    local_file_error,
+    resolution_error,
 )
-from nodes.slurm.hostkeys import RejectUnknownHost, fingerprint, load_private_key
+from nodes.slurm.hostkeys import (
+    RejectUnknownHost,
+    fingerprint,
+    load_private_key,
+    public_key_line,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +56,9 @@ class SshConfig:
     # When set, the server key's SHA256 fingerprint must also equal it.
     expected_fingerprint: str | None = None
     certificate: CertificateSpec | None = None
+    # user_keys mode: the public key Gantry gave out for this account (``<type> <base64>
+    # [comment]``); the private key file must be its pair, checked before each login.
+    public_key: str = ""
 
     @property
     def endpoint(self) -> str:
@@ -80,6 +90,7 @@ def open_client(
         if config.certificate is not None:
             raise SshConfigurationError("a certificate login needs its signed key")
         key = load_private_key(config.key_path)
+        _check_key_pair(config, key)
     client = _client_with_pinned_keys(config)
     try:
         client.connect(
@@ -109,15 +120,31 @@ def open_client(
     return client, seen
 
 
+def _check_key_pair(config: SshConfig, key: paramiko.PKey) -> None:
+    """The private key is the pair of the public key Gantry gave out for the account (a
+    key file replaced behind the database's back would only be refused by sshd, with no
+    word of why)."""
+    expected = " ".join(config.public_key.split()[:2])
+    if expected and public_key_line(key) != expected:
+        raise SshAuthenticationError(
+            f"the private key {config.key_path} is not the pair of the public key Gantry gave "
+            f"out for {config.user!r} ({fingerprint(key)} on disk); an operator maps the "
+            "account again to store the public half of the key Gantry holds, which the user "
+            "then installs"
+        )
+
+
 def _client_with_pinned_keys(config: SshConfig) -> paramiko.SSHClient:
     known_hosts = Path(config.known_hosts_path)
-    if not known_hosts.is_file():
-        raise SshConfigurationError(f"known_hosts file {known_hosts} does not exist")
     client = paramiko.SSHClient()
     try:
         # Only our own pinned file: never the system's or the user's known_hosts.
         client.load_host_keys(str(known_hosts))
-    except (OSError, paramiko.SSHException) as exc:
+    except FileNotFoundError:
+        raise SshConfigurationError(f"known_hosts file {known_hosts} does not exist") from None
+    except OSError as exc:
+        raise local_file_error(f"cannot read known_hosts file {known_hosts}", exc) from exc
+    except paramiko.SSHException as exc:
         raise SshConfigurationError(f"cannot read known_hosts file {known_hosts}: {exc}") from exc
     client.set_missing_host_key_policy(RejectUnknownHost(config.port))
     return client
@@ -139,6 +166,14 @@ def _connect_error(config: SshConfig, exc: BaseException) -> SshError:
             fingerprint_seen=seen,
             fingerprint_expected=expected,
         )
+    if isinstance(exc, paramiko.AuthenticationException) and str(exc).startswith(
+        "Authentication timeout"
+    ):
+        # The server did not answer within auth_timeout (an overloaded login node, a slow
+        # PAM or directory lookup): nothing was refused.
+        return SshTransientError(
+            f"{where} did not answer the key authentication within {config.connect_timeout}s"
+        )
     if isinstance(exc, paramiko.AuthenticationException):
         hint = ""
         if config.certificate is not None:
@@ -151,7 +186,8 @@ def _connect_error(config: SshConfig, exc: BaseException) -> SshError:
             f"with {config.credential}: {exc}{hint}"
         )
     if isinstance(exc, socket.gaierror):
-        return SshConfigurationError(f"cannot resolve host {config.host!r}: {exc}")
+        # EAI_AGAIN (the name server did not answer) passes; EAI_NONAME does not.
+        return resolution_error(config.host, exc)
     if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError):
         return SshTransientError(
             f"cannot connect to {config.host}:{config.port}: connection refused "

@@ -9,6 +9,8 @@ Celery tasks retry on ``TRANSIENT_ERRORS`` only.
 
 from __future__ import annotations
 
+import errno
+import socket
 from collections.abc import Sequence
 
 
@@ -49,6 +51,13 @@ class SshCommandTimeout(SshOutcomeUnknown):
         super().__init__(message)
         self.argv = list(argv)
         self.timeout = timeout
+
+
+class LocalResourceUnavailable(SshTransientError):
+    """Gantry's own side of a login failed for a reason that passes: one of its SSH files
+    (the user CA, a private key, known_hosts) could not be read just now (an I/O error, too
+    many open files, a stale NFS handle), or the name server did not answer. Nothing was
+    sent to the cluster: worth a retry."""
 
 
 class SshConfigurationError(SshError):
@@ -94,6 +103,16 @@ class SftpError(SshError):
 
 class RemoteFileNotFound(SftpError):
     """The remote path does not exist."""
+
+    def __init__(self, message: str, *, path: str) -> None:
+        super().__init__(message)
+        self.path = path
+
+
+class RemoteFileRefused(SlurmError):
+    """A file read as evidence is not what evidence may be: not a regular file (a link, a
+    device, a directory), or larger than the reader's bound. Says nothing about the
+    connection: the caller records it against the object the file belongs to."""
 
     def __init__(self, message: str, *, path: str) -> None:
         super().__init__(message)
@@ -150,6 +169,57 @@ class SlurmParseError(SlurmError):
 
 # The only errors a task should retry.
 TRANSIENT_ERRORS: tuple[type[SlurmError], ...] = (SshTransientError, SlurmControllerUnavailable)
+
+# errno values of a local file operation that mean "not now" rather than "never": the
+# device or the network file system hiccuped, a table of open files or memory is full, a
+# call was interrupted, a lock is busy. Every other errno (ENOENT, EACCES, EISDIR, ELOOP,
+# ...) says the file is missing or unusable as configured: a person has to act.
+TRANSIENT_ERRNOS = frozenset(
+    {
+        errno.EIO,
+        errno.EAGAIN,
+        errno.EINTR,
+        errno.EBUSY,
+        errno.ENFILE,
+        errno.EMFILE,
+        errno.ENOMEM,
+        errno.ENOBUFS,
+        errno.ENOSPC,
+        errno.ENOLCK,
+        errno.ETIMEDOUT,
+        errno.ESTALE,
+    }
+)
+
+# getaddrinfo failures that pass: the name server did not answer (EAI_AGAIN, which is also
+# what glibc returns for a SERVFAIL) or the resolver ran out of memory. The others are
+# answers about the name itself (EAI_NONAME: no such name; EAI_NODATA/EAI_ADDRFAMILY: no
+# address; EAI_FAIL: the server refused for good) or about our call (EAI_SERVICE,
+# EAI_FAMILY): retrying changes nothing until someone fixes the host name or its record.
+# (EAI_SYSTEM never arrives here: Python raises it as a plain OSError with its errno.)
+TRANSIENT_RESOLVER_ERRORS = frozenset(
+    code for code in (socket.EAI_AGAIN, getattr(socket, "EAI_MEMORY", None)) if code is not None
+)
+
+
+def local_file_error(what: str, error: OSError) -> SshError:
+    """``error`` from reading or writing one of Gantry's own SSH files while ``what`` (in
+    words), as one of our errors: ``LocalResourceUnavailable`` when its errno passes,
+    else ``SshConfigurationError``."""
+    if error.errno in TRANSIENT_ERRNOS:
+        return LocalResourceUnavailable(f"{what}: {error} (a passing error: retried)")
+    return SshConfigurationError(f"{what}: {error}")
+
+
+def resolution_error(host: str, error: socket.gaierror) -> SshError:
+    """A failed lookup of ``host``'s address, as one of our errors (see
+    ``TRANSIENT_RESOLVER_ERRORS`` for which pass)."""
+    if error.errno in TRANSIENT_RESOLVER_ERRORS:
+        return LocalResourceUnavailable(
+            f"cannot resolve host {host!r} for now: {error} (the name server did not answer; "
+            "retried)"
+        )
+    return SshConfigurationError(f"cannot resolve host {host!r}: {error}")
 
 
 def is_transient(error: BaseException) -> bool:
@@ -240,6 +310,8 @@ def describe_cluster_error(error: BaseException) -> str:
         return f"Gantry could not read Slurm's output: {error}"
     if isinstance(error, SlurmCommandError):
         return f"A Slurm command failed: {error}"
+    if isinstance(error, LocalResourceUnavailable):
+        return f"Gantry could not set up the SSH login for now: {error}"
     if isinstance(error, SshTransientError):
         return f"Cluster unreachable: {error}"
     if isinstance(error, SlurmError):

@@ -11,12 +11,15 @@ from pathlib import Path
 from typing import NamedTuple, NoReturn
 
 import paramiko
+from paramiko.pkey import UnknownKeyType
 
 from nodes.slurm.errors import (
     HostKeyUnknown,
     SshAuthenticationError,
     SshConfigurationError,
     SshTransientError,
+    local_file_error,
+    resolution_error,
 )
 
 
@@ -60,21 +63,31 @@ class RejectUnknownHost(paramiko.RejectPolicy):
 
 
 def load_private_key(path: str) -> paramiko.PKey:
+    """Our private key at ``path``. Missing, unreadable as configured (permissions, a
+    directory) or unusable: permanent errors; an I/O error that passes: retried."""
     key_path = Path(path)
-    if not key_path.is_file():
-        raise SshConfigurationError(f"private key file {key_path} does not exist")
     try:
         return paramiko.PKey.from_path(key_path)
-    except paramiko.PasswordRequiredException as exc:
-        raise SshAuthenticationError(
-            f"private key {key_path} is encrypted; Gantry needs an unencrypted key"
-        ) from exc
+    except FileNotFoundError:
+        raise SshConfigurationError(f"private key file {key_path} does not exist") from None
     except PermissionError as exc:
         raise SshConfigurationError(
             f"cannot read private key {key_path}: permission denied"
         ) from exc
-    except (paramiko.SSHException, ValueError, OSError) as exc:
+    except OSError as exc:
+        raise local_file_error(f"cannot read private key {key_path}", exc) from exc
+    except (paramiko.PasswordRequiredException, TypeError) as exc:
+        # cryptography says TypeError for an encrypted key loaded without a password.
+        raise SshAuthenticationError(
+            f"private key {key_path} is encrypted; Gantry needs an unencrypted key"
+        ) from exc
+    except (paramiko.SSHException, UnknownKeyType, ValueError) as exc:
         raise SshAuthenticationError(f"cannot load private key {key_path}: {exc}") from exc
+
+
+def public_key_line(key: paramiko.PKey) -> str:
+    """``<type> <base64>`` of ``key``'s public half (an authorized_keys line, no comment)."""
+    return f"{key.get_name()} {key.get_base64()}"
 
 
 def fetch_host_key(
@@ -92,7 +105,7 @@ def fetch_host_key(
     try:
         sock = socket.create_connection((host, port), timeout=timeout)
     except socket.gaierror as exc:
-        raise SshConfigurationError(f"cannot resolve host {host!r}: {exc}") from exc
+        raise resolution_error(host, exc) from exc
     except (ConnectionError, TimeoutError, OSError) as exc:
         raise SshTransientError(f"cannot connect to {host}:{port}: {exc}") from exc
     transport = paramiko.Transport(sock)

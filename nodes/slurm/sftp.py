@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 import paramiko
 
 from nodes.slurm.connect import SshConfig
-from nodes.slurm.errors import RemoteFileNotFound, SftpError
+from nodes.slurm.errors import RemoteFileNotFound, RemoteFileRefused, SftpError
 
 T = TypeVar("T")
 
@@ -99,6 +99,46 @@ class SftpOperations:
             with sftp.open(path, "rb") as handle:
                 handle.prefetch()
                 return handle.read()
+
+        data = self._sftp_call("read", path, read)
+        self.bytes_read += len(data)
+        return data
+
+    def read_bounded(self, path: str, max_bytes: int) -> bytes:
+        """The whole of a file another account may have written, read as evidence: refused
+        (``RemoteFileRefused``) unless it is a regular file, not a link, of at most
+        ``max_bytes``; never more than ``max_bytes + 1`` bytes are read, whatever the file
+        does meanwhile (a sparse or growing file, a link swapped in after the check)."""
+        if max_bytes <= 0:
+            raise ValueError("max_bytes must be > 0")
+
+        def read(sftp: paramiko.SFTPClient) -> bytes:
+            before = sftp.lstat(path)
+            if not stat_module.S_ISREG(before.st_mode or 0):
+                raise RemoteFileRefused(f"{path} is not a regular file", path=path)
+            if (before.st_size or 0) > max_bytes:
+                raise RemoteFileRefused(
+                    f"{path} is {before.st_size} bytes, over the {max_bytes} read as evidence",
+                    path=path,
+                )
+            with sftp.open(path, "rb") as handle:
+                # What was opened, which a link swapped in after lstat would change.
+                if not stat_module.S_ISREG(handle.stat().st_mode or 0):
+                    raise RemoteFileRefused(f"{path} is not a regular file", path=path)
+                chunks: list[bytes] = []
+                remaining = max_bytes + 1
+                while remaining > 0:
+                    chunk = handle.read(min(remaining, 32768))
+                    if not chunk:
+                        break
+                    chunks.append(chunk)
+                    remaining -= len(chunk)
+            data = b"".join(chunks)
+            if len(data) > max_bytes:
+                raise RemoteFileRefused(
+                    f"{path} grew past the {max_bytes} bytes read as evidence", path=path
+                )
+            return data
 
         data = self._sftp_call("read", path, read)
         self.bytes_read += len(data)

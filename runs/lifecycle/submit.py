@@ -27,7 +27,7 @@ from nodes.services import cluster_reconcile_soon
 from nodes.slurm import commands as slurm_commands
 from nodes.slurm import errors as slurm_errors
 from nodes.slurm.client import SlurmClient
-from nodes.slurm.errors import describe_cluster_error
+from nodes.slurm.errors import SlurmParseError, describe_cluster_error
 from nodes.slurm.parsers import SlurmJob
 from runs.events import RunEventKind
 from runs.lifecycle.kind import SlurmKind, Tracked, WontSubmit
@@ -36,11 +36,19 @@ from runs.lifecycle.phases import Phase, slurm_phase
 logger = logging.getLogger(__name__)
 
 # sbatch errors after which Slurm may or may not hold the job: the command was sent and
-# its answer was lost, or the controller timed out answering (it may have queued the job).
-OUTCOME_UNKNOWN_ERRORS = (slurm_errors.SshOutcomeUnknown, slurm_errors.SlurmControllerUnavailable)
+# its answer was lost, the controller timed out answering (it may have queued the job), or
+# sbatch exited 0 (the exit status is checked before the output is read) with an answer we
+# cannot read: Slurm most likely queued it, under an id we do not know.
+OUTCOME_UNKNOWN_ERRORS = (
+    slurm_errors.SshOutcomeUnknown,
+    slurm_errors.SlurmControllerUnavailable,
+    slurm_errors.SlurmParseError,
+)
 # Logging in as the object's account failed for good (the login node does not trust the CA,
 # the account does not exist there, no credential): the object cannot run until a person
-# fixes that, and it says so instead of waiting.
+# fixes that, and it says so instead of waiting. Failures that pass (the name server did not
+# answer, the CA key could not be read just now) are ``SshTransientError``s, not these: the
+# task retries them with back-off.
 IDENTITY_ERRORS = (slurm_errors.SshAuthenticationError, slurm_errors.SshConfigurationError)
 
 
@@ -56,10 +64,11 @@ class Submission(SlurmKind[Tracked]):
         """Claim a queued object for submission, then submit it; returns what happened.
 
         Accepts ``queued``, and ``submitting`` whose lease ran out (the worker that held it
-        died). The claim is a conditional update with a fresh lease. An error before the
-        sbatch was sent gives the lease back at once, so the task's own retry can claim it
-        again; safe to re-run because the submit looks the tag up before any ``sbatch`` and
-        never sends a second one while an earlier one's outcome is unknown.
+        died). The claim is a conditional update with a fresh lease. A transient error before
+        the sbatch was sent gives the lease back at once, so the task's own retry can claim
+        it again; a permanent one ends the object with the reason. Safe to re-run because
+        the submit looks the tag up before any ``sbatch`` and never sends a second one while
+        an earlier one's outcome is unknown.
         """
         now = timezone.now()
         claimed = (
@@ -84,7 +93,34 @@ class Submission(SlurmKind[Tracked]):
                 self.model.objects.filter(id=object_id, state=self.SUBMITTING).update(
                     submit_lease_until=None
                 )
-            raise
+                raise
+            if not self._ended_before_sbatch(object_id, error):
+                raise
+            return f"not submitted: {describe_cluster_error(error)}"
+
+    def _ended_before_sbatch(self, object_id: str, error: slurm_errors.SlurmError) -> bool:
+        """A permanent error before any sbatch went out (a refused host key, Slurm missing,
+        run files Gantry may not write): retried when the lease ran out, it failed the same
+        way every time, silently. End the object saying why; False if it is no longer
+        ``submitting`` without an sbatch sent (adopted, cancelled, sent meanwhile)."""
+        obj = (
+            self.for_submit()
+            .filter(id=object_id, state=self.SUBMITTING, sbatch_sent_at__isnull=True)
+            .first()
+        )
+        if obj is None:
+            return False
+        reason = (
+            f"Gantry could not submit the {self.noun} to {obj.cluster.name}: "
+            f"{describe_cluster_error(error)}"
+        )
+        if isinstance(error, slurm_errors.HostKeyError):
+            # The cluster's own host key, not this object: every object of the cluster
+            # would fail alike. It waits, saying why, until an operator re-pins the key.
+            self.gave_up(obj, reason)
+        else:
+            self.refused(obj, reason)
+        return True
 
     def _submit_claimed(self, object_id: str) -> str:
         faultpoint(f"{self.faultpoint_prefix}.after_claim")
@@ -110,12 +146,7 @@ class Submission(SlurmKind[Tracked]):
             if self.run_as(obj):
                 transport.connect()
         except IDENTITY_ERRORS as error:
-            reason = (
-                f"Gantry could not log in to {obj.cluster.name} as {self.run_as(obj)}: "
-                f"{describe_cluster_error(error)}"
-            )
-            self.refused(obj, reason)
-            return f"not submitted: {reason}"
+            return self._login_refused(obj, error)
         try:
             script_path = self.prepare(obj, transport)
         except WontSubmit as stop:
@@ -140,13 +171,15 @@ class Submission(SlurmKind[Tracked]):
         try:
             slurm_id = client.submit(script_path, tag=tag)
         except OUTCOME_UNKNOWN_ERRORS as error:
-            self.outcome_unknown(obj, f"sbatch sent, no answer: {describe_cluster_error(error)}")
+            answer = "no readable answer" if isinstance(error, SlurmParseError) else "no answer"
+            self.outcome_unknown(obj, f"sbatch sent, {answer}: {describe_cluster_error(error)}")
             return "sbatch outcome unknown; the watcher will find the job by its tag"
         except slurm_errors.SlurmCommandError as error:
             self.refused(obj, f"Slurm refused the {self.noun}: {error.stderr.strip() or error}")
             return "refused by Slurm"
         except slurm_errors.SlurmError:
-            # Never sent (no connection, no channel): safe to try again.
+            # Never sent (no connection, no channel): safe to try again, or, for a permanent
+            # error (the login refused while reconnecting), to end it (submit_exactly_once).
             self.model.objects.filter(id=obj.id, sbatch_sent_at=sent_at).update(sbatch_sent_at=None)
             raise
         # The window a redelivery must cover: Slurm has the job, the database does not yet.
@@ -166,6 +199,16 @@ class Submission(SlurmKind[Tracked]):
         # Look at it soon, whatever the watcher's idle back-off was.
         cluster_reconcile_soon(cluster_id=obj.cluster_id)
         return f"submitted as Slurm job {slurm_id}"
+
+    def _login_refused(self, obj: Tracked, error: slurm_errors.SlurmError) -> str:
+        """Logging in as the object's account failed for good: end it, saying why."""
+        reason = (
+            f"Gantry could not log in to {obj.cluster.name} as "
+            f"{self.run_as(obj) or obj.cluster.ssh_user}: "
+            f"{describe_cluster_error(error)}"
+        )
+        self.refused(obj, reason)
+        return f"not submitted: {reason}"
 
     def outcome_unknown(self, obj: Tracked, reason: str) -> bool:
         """sbatch may or may not have queued the job: wait for the watcher to find the tag

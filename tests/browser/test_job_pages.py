@@ -26,6 +26,10 @@ def test_submit_from_the_form_and_watch_it_complete(
     researcher: Any,
     artifacts: Path,
 ) -> None:
+    from nodes.models import Cluster
+
+    # Drills that prove run as the dev cluster's verifier account (drills.attestation).
+    Cluster.objects.filter(pk=dev_cluster_registered.pk).update(verifier_account="gantry-verify")
     log_in(page, live_server, researcher.username)
     page.click("nav.mainnav >> text=Jobs")
     assert "No jobs here yet" in page.inner_text("main")

@@ -113,6 +113,18 @@ def test_allowed_from_an_allowed_address(client: Client, address: str) -> None:
 
 
 @pytest.mark.django_db
+def test_behind_the_trusted_proxy_the_clients_address_decides(
+    client: Client, settings: Any
+) -> None:
+    """The proxy's own address may be in the allow list; a client it forwards is not let in
+    for it, and an allowed client behind it is."""
+    settings.TRUSTED_PROXIES = [ipaddress.ip_network("10.9.0.5/32")]
+    outside = client.get("/metrics", REMOTE_ADDR="10.9.0.5", HTTP_X_FORWARDED_FOR="203.0.113.9")
+    assert outside.status_code == 401
+    inside = client.get("/metrics", REMOTE_ADDR="10.9.0.5", HTTP_X_FORWARDED_FOR="10.9.3.3")
+    assert inside.status_code == 200
+
+
 def test_only_get(client: Client) -> None:
     response = client.post("/metrics", HTTP_AUTHORIZATION=f"Bearer {TOKEN}")
     assert response.status_code == 405
@@ -300,8 +312,8 @@ def test_query_count_does_not_grow_with_the_fleet(client: Client) -> None:
     for _ in range(4):
         add_fleet()
     # Clusters, jobs, drills, proven running jobs, work at risk, the goodput window's jobs
-    # and their metric sums.
-    assert queries_per_scrape() == small == 7
+    # and their metric sums, incidents and suspect nodes.
+    assert queries_per_scrape() == small == 9
 
 
 @pytest.mark.django_db
@@ -390,3 +402,35 @@ def test_work_at_risk_and_goodput(client: Client) -> None:
     assert wall == pytest.approx(160 + (3 * 3600 + 60) + 15 * 60, abs=5)
     assert ratio == pytest.approx(productive / wall, rel=1e-6)
     assert value(found, "gantry_goodput_ratio", cluster="idle") is None
+
+
+@pytest.mark.django_db
+def test_incidents_and_suspect_nodes_are_exported(client: Client) -> None:
+    from factories import NodeFactory
+    from recovery.models import Incident, SuspectNode
+
+    cluster = ClusterFactory(name="north")
+    job = JobFactory(cluster=cluster, state=Job.State.FAILED)
+    now = timezone.now()
+    incident = Incident.objects.create(
+        job=job,
+        lineage_root=job,
+        cluster=cluster,
+        signal="node_failure",
+        outcome="recovered",
+        stopped_at=now,
+        detected_at=now,
+    )
+    SuspectNode.objects.create(node=NodeFactory(cluster=cluster), incident=incident, evidence="x")
+    found = samples(scrape(client))
+    assert (
+        value(
+            found,
+            "gantry_incidents_total",
+            cluster="north",
+            signal="node_failure",
+            outcome="recovered",
+        )
+        == 1
+    )
+    assert value(found, "gantry_suspect_nodes", cluster="north") == 1

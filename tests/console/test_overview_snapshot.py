@@ -12,6 +12,7 @@ from django.db import connection
 from django.test import Client, override_settings
 from django.test.utils import CaptureQueriesContext
 
+from core.cache import key_overview_snapshot
 from factories import ClusterFactory, JobFactory
 from jobs.models import Job
 
@@ -102,13 +103,13 @@ def test_overview_polls_are_answered_304_while_the_snapshot_shows_the_same(
         again = page.get(path, HTTP_IF_NONE_MATCH=first["ETag"])
         assert again.status_code == 304, path
         # Taken again with the same figures: still the same copy.
-        cache.delete("overview-snapshot:operators")
+        cache.delete(key_overview_snapshot(scope="operators"))
         assert page.get(path, HTTP_IF_NONE_MATCH=first["ETag"]).status_code == 304, path
     etag = page.get("/overview/live/")["ETag"]
     # What the snapshot shows changed: the fresh copy once it is taken again.
     running(researcher, cluster, 60)
     assert page.get("/overview/live/", HTTP_IF_NONE_MATCH=etag).status_code == 304
-    cache.delete("overview-snapshot:operators")
+    cache.delete(key_overview_snapshot(scope="operators"))
     fresh = page.get("/overview/live/", HTTP_IF_NONE_MATCH=etag)
     assert fresh.status_code == 200 and fresh.context["running_count"] == 2
     # A researcher's copy (no forms) is not an operator's.

@@ -1,13 +1,20 @@
 """Moving models between apps (AuditEvent to core, RestoreDrill and DrillPolicy to drills)
-keeps every row of a migrated database, and the permissions granted on them."""
+keeps every row of a migrated database, and the permissions granted on them; DRF's
+authtoken keys become personal API tokens that take the same key (core 0004)."""
 
 from __future__ import annotations
 
+import importlib
+import secrets
 from typing import Any
 
 import pytest
+from django.core.cache import caches
 from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
+from rest_framework.test import APIClient
+
+from core.models import ApiToken
 
 # The last migrations before the move, per app; the apps the models moved to, unapplied.
 BEFORE = [
@@ -71,3 +78,60 @@ def test_rows_survive_the_move_between_apps() -> None:
         for grant in new.get_model("auth", "Group").objects.get(name="movers").permissions.all()
     }
     assert granted == {("drills", "add_restoredrill"), ("core", "view_auditevent")}
+
+
+# DRF's authtoken migrations, which made its table on the databases that had the app.
+DRF_AUTHTOKEN_MIGRATIONS = (
+    "0001_initial",
+    "0002_auto_20160226_1747",
+    "0003_tokenproxy",
+    "0004_alter_tokenproxy_options",
+)
+BEFORE_CONVERSION = [("core", "0003_apitoken_legacy")]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_drf_token_made_before_the_conversion_signs_in_after_it() -> None:
+    caches["ratelimit"].clear()
+    executor = MigrationExecutor(connection)
+    leaves = executor.loader.graph.leaf_nodes()
+    executor.migrate(BEFORE_CONVERSION)
+    state = MigrationExecutor(connection).loader.project_state(BEFORE_CONVERSION)
+    # The app is not installed any more, so its table is made here by its own migrations,
+    # as it was on a database of before.
+    with connection.schema_editor() as editor:
+        for name in DRF_AUTHTOKEN_MIGRATIONS:
+            module = importlib.import_module(f"rest_framework.authtoken.migrations.{name}")
+            state = module.Migration(name, "authtoken").apply(state, editor)
+    old: Any = state.apps
+    try:
+        user = old.get_model("auth", "User").objects.create(username="keyholder")
+        researchers, _ = old.get_model("auth", "Group").objects.get_or_create(name="researchers")
+        user.groups.add(researchers)
+        # As DRF makes a key: 20 random bytes in hex.
+        key = secrets.token_hex(20)
+        drf_token = old.get_model("authtoken", "Token").objects.create(key=key, user_id=user.pk)
+
+        MigrationExecutor(connection).migrate(leaves)
+
+        client = APIClient()
+        client.credentials(HTTP_AUTHORIZATION=f"Token {key}")
+        response = client.get("/api/v1/me/")
+        assert response.status_code == 200, response.content
+        assert response.json()["username"] == "keyholder"
+        assert response.json()["role"] == "researcher"
+        converted = ApiToken.objects.get(user_id=user.pk)
+        assert converted.legacy
+        assert converted.key_hash == ApiToken.hash_secret(key)
+        assert converted.prefix == key[:4]
+        assert converted.created_at == drf_token.created
+        assert converted.last_used_at is not None
+        # The plain key is kept nowhere any more.
+        assert not old.get_model("authtoken", "Token").objects.exists()
+        wrong = key[:-1] + ("1" if key.endswith("0") else "0")
+        client.credentials(HTTP_AUTHORIZATION=f"Token {wrong}")
+        assert client.get("/api/v1/me/").status_code == 401
+    finally:
+        with connection.schema_editor() as editor:
+            editor.delete_model(old.get_model("authtoken", "Token"))
+        caches["ratelimit"].clear()

@@ -8,10 +8,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from django.contrib.auth.models import Group
+from django.contrib.auth.models import AnonymousUser, Group
+from django.core.exceptions import PermissionDenied
+from django.test import RequestFactory
+from rest_framework.request import Request
 from rest_framework.test import APIClient
 
-from core.access import can_act, require_can_act
+from core.access import can_act, request_user, require_can_act
 from factories import CheckpointFactory, JobFactory, UserFactory
 
 pytestmark = pytest.mark.django_db
@@ -74,3 +77,18 @@ def test_no_product_module_writes_the_owner_rule_by_hand() -> None:
                     if "owner_id" in text and ("pk" in text or ".id" in text):
                         offenders.append(f"{path.relative_to(ROOT)}:{node.lineno} {text}")
     assert not offenders, offenders
+
+
+def test_request_user_refuses_someone_not_signed_in(researcher: Any) -> None:
+    """Views hand services ``request_user(request)``: the signed-in user, never an
+    AnonymousUser, on a page's request and an API view's alike."""
+    page = RequestFactory().get("/")
+    page.user = AnonymousUser()
+    api = Request(RequestFactory().get("/"))  # no credentials: DRF's anonymous user
+    for request in (page, api):
+        with pytest.raises(PermissionDenied, match="Sign in first"):
+            request_user(request)
+    page.user = researcher
+    api.user = researcher
+    assert request_user(page) == researcher
+    assert request_user(api) == researcher

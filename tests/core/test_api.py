@@ -8,6 +8,7 @@ from rest_framework.test import APIClient
 
 from core.audit import audit_event_record
 from core.models import AuditEvent
+from core.services import api_token_create
 
 pytestmark = pytest.mark.django_db
 
@@ -40,11 +41,9 @@ def test_unknown_api_path_is_a_json_404(client: Client) -> None:
 
 
 def test_token_authentication(researcher: Any) -> None:
-    from rest_framework.authtoken.models import Token
-
-    token = Token.objects.create(user=researcher)
+    _, secret = api_token_create(user=researcher, name="script", expires_at=None)
     client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Token {token.key}")
+    client.credentials(HTTP_AUTHORIZATION=f"Token {secret}")
     assert client.get("/api/v1/me/").json()["username"] == researcher.username
     client.credentials(HTTP_AUTHORIZATION="Token wrong")
     response = client.get("/api/v1/me/")
@@ -52,26 +51,28 @@ def test_token_authentication(researcher: Any) -> None:
     assert_error_shape(response.json())
 
 
-def test_an_authtoken_brings_its_users_roles_in_the_same_query(
+def test_a_token_brings_its_users_roles_in_the_same_query(
     researcher: Any, operator: Any, outsider: Any
 ) -> None:
     from django.contrib.auth.models import User
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
-    from rest_framework.authtoken.models import Token
 
     def client_with(user: Any) -> APIClient:
+        _, secret = api_token_create(user=user, name="script", expires_at=None)
         client = APIClient()
-        client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=user).key}")
+        client.credentials(HTTP_AUTHORIZATION=f"Token {secret}")
         return client
 
     researcher_client = client_with(researcher)
+    # The first call also notes the token's last use (a write); the second is a plain read.
+    assert researcher_client.get("/api/v1/jobs/").status_code == 200
     with CaptureQueriesContext(connection) as captured:
         assert researcher_client.get("/api/v1/jobs/").status_code == 200
     sql = [query["sql"] for query in captured.captured_queries]
     # One query for the token, its user and both roles; no role check of its own.
-    assert len([q for q in sql if "authtoken_token" in q]) == 1
-    assert not [q for q in sql if "auth_group" in q and "authtoken_token" not in q], sql
+    assert len([q for q in sql if "core_apitoken" in q]) == 1
+    assert not [q for q in sql if "auth_group" in q and "core_apitoken" not in q], sql
     # The roles it brought are the user's own: no role, no jobs; an operator sees the audit log.
     assert client_with(outsider).get("/api/v1/jobs/").status_code == 403
     assert client_with(operator).get("/api/v1/audit-events/").status_code == 200

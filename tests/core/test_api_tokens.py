@@ -1,4 +1,5 @@
-"""Personal API tokens: made and revoked at /account/tokens/, used as ``Token <secret>``."""
+"""Personal API tokens: made and revoked at /account/tokens/, used as ``Token <secret>``;
+and legacy tokens, the DRF authtoken keys converted by migration core 0004."""
 
 from __future__ import annotations
 
@@ -17,8 +18,9 @@ from rest_framework.test import APIClient
 
 from core.audit import AuditAction
 from core.models import ApiToken, AuditEvent
+from core.selectors import api_token_find_by_secret
 from core.services import api_token_create, api_token_record_use, api_token_revoke
-from factories import UserFactory
+from factories import UserFactory, legacy_api_token
 
 pytestmark = pytest.mark.django_db
 
@@ -266,11 +268,63 @@ def test_a_use_within_the_minute_costs_no_write(
         api_token_record_use(token=token, now=now + timedelta(seconds=30))
 
 
-def test_admin_made_drf_tokens_still_work(researcher: Any) -> None:
-    from rest_framework.authtoken.models import Token
+# A DRF authtoken key: 40 hex digits, no prefix (core 0004 turned each into a legacy token).
+LEGACY_KEY = "9c1d0e8f" * 5
 
-    key = Token.objects.create(user=researcher).key
-    assert api_with(key).get("/api/v1/me/").json()["username"] == researcher.username
+
+def test_a_converted_admin_key_works_and_is_one_of_the_users_tokens(researcher: Any) -> None:
+    token = legacy_api_token(user=researcher, key=LEGACY_KEY)
+    response = api_with(LEGACY_KEY).get("/api/v1/me/")
+    assert response.status_code == 200
+    assert response.json()["username"] == researcher.username
+    assert response.json()["role"] == "researcher"
+    token.refresh_from_db()
+    assert token.last_used_at is not None
+
+    # Listed and revoked on the person's page like any token, its secret nowhere.
+    client = signed_in(researcher)
+    page = client.get(PAGE).content.decode()
+    assert f"{LEGACY_KEY[:4]}…" in page and "legacy</span>" in page
+    assert LEGACY_KEY[4:] not in page
+    assert client.post(REVOKE, {"token_id": token.pk}).status_code == 302
+    refused = api_with(LEGACY_KEY).get("/api/v1/me/")
+    assert refused.status_code == 401
+    assert refused.json()["message"] == "Token revoked."
+
+
+def test_only_legacy_tokens_take_a_secret_without_the_prefix(researcher: Any) -> None:
+    # A token made here whose hash were of a prefixless key: the flag, not the hash, is
+    # what admits a secret without the prefix.
+    ApiToken.objects.create(
+        user=researcher, name="x", prefix="gty_abcd", key_hash=ApiToken.hash_secret(LEGACY_KEY)
+    )
+    assert api_with(LEGACY_KEY).get("/api/v1/me/").status_code == 401
+    # And a legacy token never matches a gty_ secret.
+    prefixed = ApiToken.SECRET_PREFIX + LEGACY_KEY
+    legacy_api_token(user=researcher, key=prefixed)
+    assert api_with(prefixed).get("/api/v1/me/").status_code == 401
+    # A wrong key of the legacy shape is simply unknown.
+    assert api_with("0" * 40).get("/api/v1/me/").json()["message"] == "Invalid token."
+
+
+def test_a_long_secret_without_the_prefix_is_refused_without_a_lookup(
+    researcher: Any, django_assert_num_queries: Any
+) -> None:
+    long_key = "a" * (ApiToken.LEGACY_KEY_MAX_LENGTH + 1)
+    legacy_api_token(user=researcher, key=long_key)
+    with django_assert_num_queries(0):
+        assert api_token_find_by_secret(secret=long_key) is None
+    assert api_with(long_key).get("/api/v1/me/").status_code == 401
+
+
+@override_settings(TOKEN_MAX_FAILURES=3, LOGIN_FAILURE_WINDOW=60)
+def test_bad_legacy_keys_are_throttled_per_address(researcher: Any) -> None:
+    legacy_api_token(user=researcher, key=LEGACY_KEY)
+    bad = api_with("0" * 40, address="10.6.6.6")
+    assert [bad.get("/api/v1/me/").status_code for _ in range(3)] == [401, 401, 401]
+    # From that address even the right key waits now; from another it works.
+    assert api_with(LEGACY_KEY, address="10.6.6.6").get("/api/v1/me/").status_code == 429
+    assert api_with(LEGACY_KEY, address="10.8.8.8").get("/api/v1/me/").status_code == 200
 
 
 @override_settings(TOKEN_MAX_FAILURES=3, LOGIN_FAILURE_WINDOW=60)

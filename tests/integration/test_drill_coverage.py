@@ -3,7 +3,8 @@ against real drills on the dev cluster, plus a false-alarm count over clean chec
 
 One job (2 ranks on 2 nodes) saves a checkpoint every 2 steps. Each damage kind of
 ``tests/drill_damage.py`` is applied to its own checkpoint on the cluster (file damage,
-and state damage with every hash, sidecar and manifest kept valid); the sharded kinds (a
+the whole directory swapped for the next checkpoint's, and state damage with every hash,
+sidecar and manifest kept valid, registered as the trainer wrote it); the sharded kinds (a
 rank's shard missing, two ranks' shards swapped, a shard of another step) to the
 checkpoints of a second job trained with FSDP on 2 nodes, whose drills must also name the
 shard or rank at fault; environment kinds
@@ -28,7 +29,7 @@ from typing import Any
 
 import pytest
 from django.db import transaction
-from drill_damage import REPLICATED_KINDS, SHARDED_KINDS, Damage
+from drill_damage import REPLICATED_KINDS, SHARDED_KINDS, Damage, registered_digest
 from drill_support import checkpoint_dir, run_job, start_drill, wait_finished, wait_verdict
 from rest_framework.test import APIClient
 
@@ -45,6 +46,7 @@ SLICE = {
     "weights altered 1% (hashes valid)",
     "optimizer step counts altered (hashes valid)",
     "rank files of another step (hashes valid)",
+    "checkpoint swapped for another step (complete, hashes valid)",
 }
 CLEAN = 10 if FULL else 2
 SHARDED_SLICE = {"two ranks' shards swapped (hashes valid)"}
@@ -241,7 +243,12 @@ def _damage_rows(
     clean = checkpoints[len(kinds) : len(kinds) + clean_count]
     for kind, checkpoint in zip(kinds, damaged, strict=True):
         following = by_step[checkpoint.step + 2]
-        kind.apply(checkpoint_dir(devcluster, checkpoint), checkpoint_dir(devcluster, following))
+        directory = checkpoint_dir(devcluster, checkpoint)
+        kind.apply(directory, checkpoint_dir(devcluster, following))
+        if kind.registered_as_written:
+            # Damage the trainer wrote: Gantry registered that manifest.
+            digest = registered_digest(directory)
+            Checkpoint.objects.filter(pk=checkpoint.pk).update(manifest_digest=digest)
     started: list[tuple[Damage | None, str, str]] = []
     for kind, checkpoint in zip(kinds, damaged, strict=True):
         for shape, allocation in shapes.items():

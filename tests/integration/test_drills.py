@@ -8,13 +8,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from drill_damage import KINDS, damage_by_name, registered_digest
 from drill_support import checkpoint_dir, run_job, start_drill, wait_finished, wait_verdict
 from rest_framework.test import APIClient
 
 from celery_support import wait_until
 from devcluster_support import DevCluster
 from drills.models import RestoreDrill
-from jobs.models import Job
+from jobs.models import Checkpoint, Job
+from nodes.models import Cluster
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -37,7 +39,8 @@ def delete_rank_file(d: Path) -> None:
 
 def remove_optimizer_state(d: Path) -> None:
     """Rewrite rank 0's index without the optimizer and make the manifest agree, so only
-    the state check can catch it (hashes and sizes all match)."""
+    the state check can catch it (hashes and sizes all match; the test registers this
+    manifest, as if the trainer had written it so)."""
     from trainer import checkpoint as trainer_checkpoint
 
     index_file = d / "rank-00000.pt"
@@ -65,9 +68,59 @@ CORRUPTIONS = [
     (remove_optimizer_state, "missing_state", "optimizer"),
     (delete_manifest, "missing_manifest", "manifest"),
 ]
+# Damage from before registration: Gantry registered the manifest the trainer wrote so.
+WRITTEN_SO = {remove_optimizer_state}
+
+
+def register_as_written(checkpoint: Checkpoint, d: Path) -> None:
+    Checkpoint.objects.filter(pk=checkpoint.pk).update(manifest_digest=registered_digest(d))
+
+
+SWAP = "checkpoint swapped for another step (complete, hashes valid)"
+
+
+def _assert_swap_failed(
+    swapped: Checkpoint, untouched: Checkpoint, drill_id: str, worker: Any
+) -> None:
+    """The swapped checkpoint fails the integrity check and the drill as
+    ``not_as_registered`` (resume blocked); the one whose files it got still verifies."""
+
+    def verified(checkpoint: Checkpoint) -> Checkpoint:
+        wait_until(
+            lambda: Checkpoint.objects.get(pk=checkpoint.pk).integrity_report is not None,
+            timeout=120,
+            what=lambda: (
+                f"the integrity check of step {checkpoint.step}; worker log:\n"
+                f"{worker.log()[-3000:]}"
+            ),
+        )
+        return Checkpoint.objects.get(pk=checkpoint.pk)
+
+    report = verified(swapped).integrity_report
+    assert report["reason_code"] == "not_as_registered" and report["step"] == 50, report
+    good = verified(untouched)
+    assert good.integrity == "ok", good.integrity_detail
+    assert good.integrity_report["manifest_digest"] == good.manifest_digest
+    drill = wait_verdict(drill_id, worker)
+    assert drill.verdict == "failed" and drill.reason_code == "not_as_registered", drill.reason
+    assert "holds step 50, Gantry registered step 45" in drill.reason
+    assert Checkpoint.objects.get(pk=swapped.pk).integrity == "failed"
+
+
+@pytest.fixture
+def verified_cluster(dev_cluster_registered: Cluster, devcluster: DevCluster) -> Cluster:
+    """The dev cluster with its drill verifier (``gantry-verify``): drills run as it and
+    count as proof (``drills.attestation``)."""
+    verifier = devcluster.env.get("GANTRY_CLUSTER_VERIFIER")
+    if not verifier:
+        pytest.skip("this dev cluster has no verifier account: run scripts/devcluster up")
+    Cluster.objects.filter(pk=dev_cluster_registered.pk).update(verifier_account=verifier)
+    dev_cluster_registered.refresh_from_db()
+    return dev_cluster_registered
 
 
 def test_drills_pass_and_every_corruption_fails_with_its_reason(
+    verified_cluster: Cluster,
     dev_cluster_registered: Any,
     celery_stack: Any,
     researcher_api: APIClient,
@@ -100,16 +153,29 @@ def test_drills_pass_and_every_corruption_fails_with_its_reason(
     corrupted: dict[str, tuple[str, str]] = {}
     for step, (corrupt, reason_code, mention) in zip([20, 25, 30, 35, 5], CORRUPTIONS, strict=True):
         corrupt(checkpoint_dir(devcluster, checkpoints[step]))
+        if corrupt in WRITTEN_SO:
+            register_as_written(checkpoints[step], checkpoint_dir(devcluster, checkpoints[step]))
         corrupted[start_drill(researcher_api, checkpoints[step], steps=3)] = (reason_code, mention)
-    # 1% on the weights with every hash, sidecar and manifest recomputed, and the run's own
-    # metrics.jsonl "fixed" to match: only Gantry's fingerprint can tell, on another shape.
-    from drill_damage import KINDS
-
+    # 1% on the weights with every hash, sidecar and manifest recomputed (as the trainer
+    # wrote it, Gantry registered it so), and the run's own metrics.jsonl "fixed" to match:
+    # only Gantry's fingerprint can tell, on another shape.
     weights = next(k for k in KINDS if k.name.startswith("weights altered"))
+    assert weights.registered_as_written
     weights.apply(
         checkpoint_dir(devcluster, checkpoints[40]), checkpoint_dir(devcluster, checkpoints[45])
     )
+    register_as_written(checkpoints[40], checkpoint_dir(devcluster, checkpoints[40]))
     tampered = start_drill(researcher_api, checkpoints[40], nodes=1)
+    # Step 45's directory given step 50's checkpoint: complete, every hash valid, only not
+    # what Gantry registered at 45. The integrity check and the drill hold it to that.
+    damage_by_name(SWAP).apply(
+        checkpoint_dir(devcluster, checkpoints[45]), checkpoint_dir(devcluster, checkpoints[50])
+    )
+    for step in (45, 50):
+        response = researcher_api.post(f"/api/v1/checkpoints/{checkpoints[step].pk}/verify/")
+        assert response.status_code == 202, response.json()
+    swapped = start_drill(researcher_api, checkpoints[45], steps=3)
+    _assert_swap_failed(checkpoints[45], checkpoints[50], swapped, worker)
 
     passed_same = wait_verdict(same, worker)
     assert passed_same.verdict == "passed", passed_same.reason
@@ -165,6 +231,7 @@ def _trainer_variant(marker: str) -> tuple[str, list[tuple[str, bytes]]]:
 
 
 def test_drill_runs_the_recorded_trainer_version_and_a_compatibility_drill_the_current(
+    verified_cluster: Cluster,
     dev_cluster_registered: Any,
     celery_stack: Any,
     researcher_api: APIClient,
@@ -307,3 +374,71 @@ def test_policy_drills_a_running_job(
         assert RestoreDrill.objects.filter(checkpoint__job=job).count() == 1
     finally:
         researcher_api.post(f"/api/v1/jobs/{job.id}/cancel/")
+
+
+def _sacct_user(devcluster: DevCluster, slurm_job_id: str) -> str:
+    out = devcluster.slurm(["sacct", "-n", "-X", "-P", "-j", slurm_job_id, "-o", "User"]).stdout
+    return out.strip()
+
+
+def test_a_verifier_drill_runs_as_the_verifier_where_the_owner_cannot_write_and_proves(
+    verified_cluster: Cluster,
+    celery_stack: Any,
+    researcher_api: APIClient,
+    devcluster: DevCluster,
+) -> None:
+    import os
+    import pwd
+    import stat
+
+    worker = celery_stack["worker"]
+    verifier = verified_cluster.verifier_account
+    job = wait_finished(run_job(researcher_api, steps=15, every=5, name="attested"), worker)
+    assert job.run_as == "alice"
+    checkpoints = {c.step: c for c in job.checkpoints.all()}
+    # The checkpoint failed an earlier check: resuming from it is blocked.
+    Checkpoint.objects.filter(pk=checkpoints[5].pk).update(
+        integrity="failed", integrity_detail="an earlier drill failed it"
+    )
+
+    drill = wait_verdict(start_drill(researcher_api, checkpoints[5]), worker)
+    assert drill.verdict == "passed", drill.reason
+    assert drill.attestation == "verifier" and drill.verifier_account == verifier
+    # Slurm ran it as the verifier; its directory and report are the verifier's alone.
+    assert _sacct_user(devcluster, drill.slurm_job_id) == verifier
+    directory = Path(devcluster.workdir, "users", verifier, "drills", str(drill.id))
+    info = os.stat(directory)
+    assert pwd.getpwuid(info.st_uid).pw_name == verifier and stat.S_IMODE(info.st_mode) == 0o700
+    assert pwd.getpwuid(os.stat(directory / "drill.json").st_uid).pw_name == verifier
+    owners_drills = Path(devcluster.workdir, "users", "alice", "runs", str(job.id), "drills")
+    assert not (owners_drills / str(drill.id)).exists()
+    # Alice can neither write a report there nor put anything in the verifier's area.
+    for target in (directory / "drill.json", directory.parent / "forged.json"):
+        refused = devcluster.run_as("alice", ["sh", "-c", f"echo '{{}}' > {target}"], check=False)
+        assert refused.returncode != 0 and "Permission denied" in refused.stderr, refused
+    # Its pass proves the checkpoint and lifts the block.
+    checkpoints[5].refresh_from_db()
+    assert checkpoints[5].last_proven_at is not None and checkpoints[5].integrity == "ok"
+    resumed = researcher_api.post(
+        f"/api/v1/jobs/{job.id}/resume/", {"checkpoint_step": 5}, format="json"
+    )
+    assert resumed.status_code == 202, resumed.json()
+    researcher_api.post(f"/api/v1/jobs/{resumed.json()['id']}/cancel/")
+    detail = researcher_api.get(f"/api/v1/drills/{drill.id}/").json()
+    assert detail["attestation"] == "verifier" and detail["verifier_account"] == verifier
+
+    # Without the verifier the same drill runs as alice: a pass, self-attested, lifts nothing.
+    Cluster.objects.filter(pk=verified_cluster.pk).update(verifier_account="")
+    Checkpoint.objects.filter(pk=checkpoints[10].pk).update(
+        integrity="failed", integrity_detail="an earlier drill failed it"
+    )
+    own = wait_verdict(start_drill(researcher_api, checkpoints[10]), worker)
+    assert own.verdict == "passed", own.reason
+    assert own.attestation == "self" and _sacct_user(devcluster, own.slurm_job_id) == "alice"
+    checkpoints[10].refresh_from_db()
+    assert checkpoints[10].integrity == "failed" and checkpoints[10].last_proven_at is None
+    blocked = researcher_api.post(
+        f"/api/v1/jobs/{job.id}/resume/", {"checkpoint_step": 10}, format="json"
+    )
+    assert blocked.status_code == 400
+    assert "integrity" in blocked.json()["extra"]["fields"]["checkpoint"][0]

@@ -90,3 +90,36 @@ def test_the_api_page_kept_rendered_is_what_drf_would_render(
     # The browsable API renders the same page itself.
     browsable = researcher_api.get(path + "&format=api")
     assert browsable.status_code == 200 and "kept-2" in browsable.content.decode()
+
+
+def test_junk_query_parameters_add_no_cache_entries(
+    researcher: Any, researcher_api: APIClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The rendered page's key names its rows, not the query string: a client (or a
+    scanner) sending made-up parameters cannot fill Redis with copies of one page."""
+    from django.core.cache import caches
+
+    from core import cache
+
+    for step in range(3):
+        JobFactory(owner=researcher, name=f"junk-{step}")
+    backend = caches[cache.CACHE_ALIAS]
+    backend.clear()
+    kept: list[str] = []
+    original = backend.set_many
+
+    def recording(values: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
+        kept.extend(key for key in values if key.startswith(cache.KEY_PREFIX + cache.JOB_LIST_ROWS))
+        return original(values, *args, **kwargs)
+
+    monkeypatch.setattr(backend, "set_many", recording)
+    answers = [
+        researcher_api.get(f"/api/v1/jobs/?page_size=2{junk}").json()["results"]
+        for junk in ("", "&utm=1", "&utm=2", "&x=y&z=", "&page_size_junk=9", "&q=ignored")
+    ]
+    assert len(kept) == 1
+    assert len(answers[0]) == 2 and all(answer == answers[0] for answer in answers)
+    # What the view understands chooses other rows: another entry.
+    researcher_api.get("/api/v1/jobs/?page_size=1")
+    researcher_api.get("/api/v1/jobs/?page_size=2&search=junk-0")
+    assert len(kept) == 3

@@ -19,7 +19,7 @@ from jobs.lifecycle import JOBS
 from jobs.models import Job
 from jobs.output import RangeNotSatisfiable, byte_range
 from nodes.slurm.errors import RemoteFileNotFound
-from runs.runtime import ScriptSpec, render_sbatch
+from runs.runtime import TRAINER_BOOTSTRAP, ScriptSpec, render_sbatch
 
 pytestmark = pytest.mark.django_db
 
@@ -295,4 +295,7 @@ def test_drills_keep_the_plain_srun_line(tmp_path: Path) -> None:
 
     plain = render_sbatch(replace(_spec(tmp_path), rank_output=False))
     assert "tee -a" not in plain
-    assert f"srun --export=ALL --kill-on-bad-exit=1 {tmp_path}/bin/python -m trainer train" in plain
+    assert (
+        f"srun --export=ALL --kill-on-bad-exit=1 {tmp_path}/bin/python -I -u -c "
+        f"'{TRAINER_BOOTSTRAP}' {tmp_path} train --config c.json\n"
+    ) in plain

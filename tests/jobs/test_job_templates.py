@@ -146,7 +146,16 @@ def test_a_shared_template_is_used_by_others_but_changed_only_by_its_owner(
         assert refused.status_code == 403
     assert JobTemplate.objects.get().shared is True
 
-    submitted = other.post(f"/api/v1/job-templates/{template_id}/submit/", {}, format="json")
+    # Its environment applies to their job only once they confirm it (sent back as read).
+    unconfirmed = other.post(f"/api/v1/job-templates/{template_id}/submit/", {}, format="json")
+    assert unconfirmed.status_code == 400
+    assert "confirm_environment" in unconfirmed.json()["extra"]["fields"]
+    assert not Job.objects.exists()
+    submitted = other.post(
+        f"/api/v1/job-templates/{template_id}/submit/",
+        {"confirm_environment": listed[0]["job"]["environment"]},
+        format="json",
+    )
     assert submitted.status_code == 202, submitted.json()
     job = Job.objects.get(id=submitted.json()["id"])
     # Submitted as the person who used it, with the template's settings.
@@ -206,7 +215,7 @@ def test_run_again_and_save_as_template_from_a_job(
         gpu_type="h100",
         tasks_per_node=1,
         config={"preset": "tiny", "steps": 30, "checkpoint_every": 10},
-        environment={"FOO": "bar"},
+        environment={"GANTRY_USER_FOO": "bar"},
         state=Job.State.COMPLETED,
     )
     client = api(researcher)
@@ -216,7 +225,7 @@ def test_run_again_and_save_as_template_from_a_job(
     assert new.id != job.id and new.parent is None and new.resume_from is None
     assert (new.partition, new.nodes, new.gpus_per_node, new.gpu_type) == ("gpu", 2, 1, "h100")
     assert new.config["steps"] == 30 and new.config["checkpoint_every"] == 10
-    assert new.environment == {"FOO": "bar"}
+    assert new.environment == {"GANTRY_USER_FOO": "bar"}
     assert AuditEvent.objects.get(action=AuditAction.JOB_SUBMIT).details["run_again_of"] == str(
         job.id
     )
@@ -283,10 +292,16 @@ def test_pages_list_submit_share_and_delete(
     assert shared.status_code == 302 and JobTemplate.objects.get().shared
     # The other researcher may use it now, not change it.
     assert page(other_researcher).post(f"/jobs/templates/{template_id}/delete/").status_code == 403
+    # Its environment (NCCL_DEBUG) is someone else's: "submit now" opens the form instead.
     submitted = page(other_researcher).post(f"/jobs/templates/{template_id}/submit/")
     assert submitted.status_code == 302
+    assert submitted["Location"] == f"/jobs/new/?template={template_id}"
+    assert not Job.objects.exists()
+    # Its owner submits it at once.
+    submitted = mine.post(f"/jobs/templates/{template_id}/submit/")
+    assert submitted.status_code == 302
     job = Job.objects.get()
-    assert submitted["Location"] == f"/jobs/{job.id}/" and job.owner == other_researcher
+    assert submitted["Location"] == f"/jobs/{job.id}/" and job.owner == researcher
 
     assert mine.post(f"/jobs/templates/{template_id}/delete/").status_code == 302
     assert not JobTemplate.objects.exists()

@@ -100,8 +100,9 @@ def test_preview_shows_the_exact_script(cluster: Any, researcher_api: APIClient)
     assert "#SBATCH --gpus-per-node=a100:1" in script
     assert "#SBATCH --nodelist=n[1-2]" in script
     # Every rank's output also goes to its own file (jobs.output serves them).
-    assert "srun --export=ALL --kill-on-bad-exit=1 bash -c " in script
-    assert "/usr/bin/python3 -m trainer train --config" in script
+    assert "srun --export=ALL --kill-on-bad-exit=1 /bin/bash --noprofile --norc -p -c " in script
+    # The trainer starts isolated (runs.runtime.TRAINER_BOOTSTRAP): no user site, no PYTHON*.
+    assert "/usr/bin/python3 -I -u -c " in script and " train --config" in script
     assert response.json()["world_size"] == 2
     assert not Job.objects.exists()
 

@@ -199,6 +199,8 @@ def test_operators_map_users_through_the_api_audited(
         ("gantry", "service account"),
         ("root", "system account"),
         ("slurm", "system account"),
+        ("www-data", "system account"),
+        ("nobody", "system account"),
         ("Alice", "Unix user name"),
         ("alice\n", "Unix user name"),
         ("a;id", "Unix user name"),
@@ -264,6 +266,14 @@ def test_the_ca_is_a_0600_file_its_public_half_shown_creation_audited(
     answer = api_for(operator).get(f"/api/v1/clusters/{cluster.pk}/user-ca/").json()
     assert answer["public_key"] == cluster.user_ca_public_key
     assert answer["sshd_config_line"] == "TrustedUserCAKeys /etc/ssh/gantry-idcluster-user-ca.pub"
+    # The login node accepts, per account, only Gantry's principal for it.
+    assert answer["sshd_config_lines"] == [
+        "TrustedUserCAKeys /etc/ssh/gantry-idcluster-user-ca.pub",
+        "AuthorizedPrincipalsCommand /usr/local/sbin/gantry-principals --cluster idcluster "
+        f"--service-account {cluster.ssh_user} %u",
+        "AuthorizedPrincipalsCommandUser nobody",
+    ]
+    assert answer["trusted_ca_keys"] == [cluster.user_ca_public_key]
     detail = api_for(operator).get(f"/api/v1/clusters/{cluster.pk}/").json()
     assert detail["user_ca_public_key"] == cluster.user_ca_public_key
     assert detail["user_ca_sshd_config_line"] == answer["sshd_config_line"]
@@ -284,7 +294,9 @@ def test_certificates_name_one_principal_expire_in_minutes_and_grant_nothing_els
     certificate = serialization.load_ssh_public_identity(line)
     assert isinstance(certificate, serialization.SSHCertificate)
     assert certificate.type == serialization.SSHCertificateType.USER
-    assert certificate.valid_principals == [b"alice"]
+    # Gantry's name for the account, never the bare account name a login node's default
+    # (principal = user name) would take for the user.
+    assert certificate.valid_principals == [b"gantry:idcluster:alice"]
     assert certificate.key_id == b"gantry:idcluster:alice"
     assert certificate.extensions == {} and certificate.critical_options == {}
     assert before + 7 * 60 <= certificate.valid_before <= before + 7 * 60 + 2
@@ -304,7 +316,7 @@ def test_gantry_never_logs_in_as_the_service_account_or_a_bad_name_for_a_user(
 
     with pytest.raises(SshConfigurationError, match="service account"):
         ssh_config_as(cluster, "gantry")
-    for bad in ("root\n", "a b", "-oProxyCommand=x", "ALICE"):
+    for bad in ("root\n", "a b", "-oProxyCommand=x", "ALICE", "root", "daemon", "www-data"):
         with pytest.raises(ValueError):
             ssh_config_as(cluster, bad)
     cluster.user_auth = Cluster.UserAuth.SERVICE_ACCOUNT

@@ -257,3 +257,37 @@ def test_a_row_with_an_id_below_the_cursor_is_still_read(researcher: Any) -> Non
     notifications_collect()
     assert deliveries_to(subscription) == ["job.ended"]
     assert Cursor.objects.get().job_event_id >= JobEvent.objects.get(job=job).pk + 5
+
+
+def test_incidents_reach_the_owner_and_held_runs_the_operators(
+    researcher: Any, other_researcher: Any, operator: Any
+) -> None:
+    from recovery.models import Incident
+
+    notifications_collect()
+    mine = subscribe(researcher, Topic.INCIDENT)
+    theirs = subscribe(other_researcher, Topic.INCIDENT)
+    operators = subscribe(operator, Topic.INCIDENT_HELD)
+    job = JobFactory(owner=researcher, state=Job.State.FAILED)
+    now = timezone.now()
+    incident = Incident.objects.create(
+        job=job,
+        lineage_root=job,
+        cluster=job.cluster,
+        signal="crash",
+        stopped_at=now,
+        detected_at=now,
+        detail="Slurm ended it FAILED",
+    )
+    assert notifications_collect().events == 1
+    assert deliveries_to(mine) == ["incident.opened"]
+    Incident.objects.filter(pk=incident.pk).update(
+        outcome="held", reason="no progress", closed_at=timezone.now()
+    )
+    assert notifications_collect().events == 1
+    assert notifications_collect().events == 0
+    assert sorted(deliveries_to(mine)) == ["incident.closed", "incident.opened"]
+    assert deliveries_to(operators) == ["incident.closed"]
+    assert deliveries_to(theirs) == []
+    closed = Event.objects.get(kind="incident.closed")
+    assert closed.data["incident"]["outcome"] == "held"

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from rest_framework.authtoken.models import Token
 
+from core.services import api_token_create
 from factories import ClusterFactory
 
 _HERE = str(Path(__file__).resolve().parent)
@@ -127,9 +127,14 @@ def persona_users(operator: Any, researcher: Any, other_researcher: Any, outside
 
 @pytest.fixture
 def persona_tokens(persona_users: dict[str, Any]) -> dict[str, str | None]:
-    """DRF token per persona (None for anonymous), created like the admin does."""
+    """A personal API token's secret per persona (None for anonymous), made as on the
+    tokens page."""
     return {
-        name: (Token.objects.get_or_create(user=user)[0].key if user is not None else None)
+        name: (
+            api_token_create(user=user, name="security tests", expires_at=None)[1]
+            if user is not None
+            else None
+        )
         for name, user in persona_users.items()
     }
 

@@ -26,6 +26,9 @@ from django.db import close_old_connections, transaction
 from hypothesis import HealthCheck, Phase
 from security_support import error_shape_problem
 
+# About a minute of generated requests: in make test and make faults, not in make unit.
+pytestmark = pytest.mark.slow
+
 # Per operation and role. Roles without access stop at authentication or permission,
 # so fewer examples say as much there.
 EXAMPLES = {"operator": 12, "researcher": 12, "outsider": 3, "anonymous": 3}

@@ -296,10 +296,12 @@ def test_hostile_strings_reach_the_real_cluster_literally(
 ) -> None:
     """Through the real sshd and Slurm: echo, drain/resume with hostile reasons, and a
     job whose name is hostile, submitted with ``sbatch``."""
-    from rest_framework.authtoken.models import Token
-
+    from core.services import api_token_create
     from nodes.cluster_access import slurm_client_for, transport_for
     from nodes.models import Node
+
+    def token_secret(user: Any) -> str:
+        return api_token_create(user=user, name="injection tests", expires_at=None)[1]
 
     cluster = dev_cluster_registered
     transport = transport_for(cluster)
@@ -323,7 +325,7 @@ def test_hostile_strings_reach_the_real_cluster_literally(
             _record(security_figures, "ssh exec argv", payload, "literal")
         _assert_no_canary(canary, security_figures)
 
-    operator_api = Client(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=operator).key}")
+    operator_api = Client(HTTP_AUTHORIZATION=f"Token {token_secret(operator)}")
     node = Node.objects.filter(cluster=cluster).order_by("name").last()
     assert node is not None
     client = slurm_client_for(cluster)
@@ -344,7 +346,7 @@ def test_hostile_strings_reach_the_real_cluster_literally(
     finally:
         operator_api.post(f"/api/v1/nodes/{node.pk}/resume/")
 
-    researcher_api = Client(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=researcher).key}")
+    researcher_api = Client(HTTP_AUTHORIZATION=f"Token {token_secret(researcher)}")
     # Job names hold at most 128 characters: two jobs cover the forms.
     for hostile_name in (f"$(touch {canary}) 'q\" x", f"`touch {canary}`;touch {canary}"):
         _submit_hostile_job(researcher_api, transport, cluster, hostile_name, security_figures)

@@ -59,6 +59,8 @@ EXPECTED: dict[str, tuple[str, bool, dict[str, Any] | None, dict[str, str]]] = {
     "node-list-live": ("get", False, None, INVENTORY_PAGE),
     "node-detail": ("get", False, None, INVENTORY_PAGE),
     "node-drain": ("post", False, {"reason": "matrix"}, OPERATOR_PAGE_ACTION),
+    "recovery": ("get", False, None, INVENTORY_PAGE),
+    "suspect-clear": ("post", False, {}, OPERATOR_PAGE_ACTION),
     "node-resume": ("post", False, {}, OPERATOR_PAGE_ACTION),
     "cluster-sync": ("post", False, {}, OPERATOR_PAGE_ACTION),
     "cluster-access": ("get", False, None, INVENTORY_PAGE),
@@ -176,6 +178,10 @@ EXPECTED: dict[str, tuple[str, bool, dict[str, Any] | None, dict[str, str]]] = {
     "api:drill-detail": ("get", True, None, OWNED_API),
     "api:drill-cancel": ("post", True, {}, OWNED_API),
     "api:drill-policy": ("get", False, None, ROLE_API),
+    "api:incident-list": ("get", False, None, ROLE_API),
+    "api:recovery-policy": ("get", False, None, ROLE_API),
+    "api:suspect-node-list": ("get", False, None, OPERATOR_API),
+    "api:suspect-node-clear": ("post", False, {}, OPERATOR_API),
     "api:cluster-update": ("patch", False, {}, OPERATOR_API),
     # Subscriptions are one's own: an id that is not (999999) is not found for everyone.
     "api:notification-subscription-list": ("get", False, None, ROLE_API),
@@ -185,7 +191,10 @@ EXPECTED: dict[str, tuple[str, bool, dict[str, Any] | None, dict[str, str]]] = {
     "api:notification-subscription-deliveries": ("get", False, None, NOT_OWN_API),
 }
 # The drill policy is readable by every role but changed by operators only.
-EXTRA_CELLS = [("api:drill-policy", "put", False, {"max_in_flight": 1}, OPERATOR_API)]
+EXTRA_CELLS = [
+    ("api:drill-policy", "put", False, {"max_in_flight": 1}, OPERATOR_API),
+    ("api:recovery-policy", "put", False, {"max_attempts": 2}, OPERATOR_API),
+]
 
 
 def _routes() -> list[tuple[str, str]]:
@@ -397,7 +406,8 @@ def test_lists_and_counts_show_only_own_objects(
     overview = pages.get("/")
     assert overview.context["running_count"] == 1
     drills = pages.get("/drills/")
-    assert drills.context["health"]["passed"] == 1
+    # The world's drills are self-attested (no verifier account): counted apart from proof.
+    assert drills.context["health"]["self_attested_passed"] == 1
     assert drills.context["health"]["running_jobs"] == 1
 
 

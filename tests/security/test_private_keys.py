@@ -199,3 +199,56 @@ def test_private_key_never_shown(
     security_figures.add("keys.places_scanned", len(seen))
     security_figures.add("keys.leaks", len(leaks))
     assert not leaks, f"private key text in: {leaks}"
+
+
+def test_the_web_role_never_opens_the_ca_key(
+    world: dict[str, Any],
+    operator: Any,
+    persona_tokens: dict[str, Any],
+    settings: Any,
+    monkeypatch: Any,
+) -> None:
+    """With ``GANTRY_CA_KEY_ACCESS=signer`` (the web processes), every request that acts as
+    a researcher's account gets its certificate from the signer, and this process never
+    opens the CA key file: the log tail, the whole output, the rank files, cancel. (The
+    cluster does not listen: each request fails after its certificate was signed.)"""
+    from signer_support import in_process_round_trip, watching_opens
+
+    from factories import JobFactory, map_personas
+    from jobs.models import Job
+    from nodes import signer_client
+    from nodes.cluster_access import user_ca_key_path
+    from nodes.identities import cluster_user_ca_ensure
+    from nodes.slurm.transport import close_all
+
+    cluster = world["cluster"]
+    cluster_user_ca_ensure(actor=None, cluster=cluster)
+    map_personas(cluster=cluster)
+    as_alice = JobFactory(
+        owner=world["job"].owner,
+        cluster=cluster,
+        run_as="alice",
+        slurm_job_id="77",
+        state=Job.State.RUNNING,
+    )
+    settings.CA_KEY_ACCESS = "signer"
+    close_all()
+    calls: list[str] = []
+    api = Client(HTTP_AUTHORIZATION=f"Token {persona_tokens['operator']}")
+    base = f"/api/v1/jobs/{as_alice.pk}"
+    with watching_opens(user_ca_key_path(cluster)) as watch:
+        monkeypatch.setattr(signer_client, "signer_round_trip", in_process_round_trip(watch, calls))
+        answers = {
+            "logs": api.get(f"{base}/logs/"),
+            "output": api.get(f"{base}/output/"),
+            "ranks": api.get(f"{base}/output/ranks/"),
+            "cancel": api.post(f"{base}/cancel/"),
+        }
+    close_all()
+    # Each got as far as connecting (refused: a passing error), with a certificate.
+    for what, response in answers.items():
+        body = response.content.decode(errors="replace")
+        assert response.status_code in (200, 503), (what, response.status_code, body)
+        assert response.status_code == 200 or "connection refused" in body, (what, body)
+    assert calls and set(calls) == {"nodes.user_certificate_sign"}
+    assert watch.opened == []

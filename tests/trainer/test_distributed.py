@@ -43,6 +43,8 @@ def test_two_rank_ddp(two_rank_run, one_rank_g8):
     steps = [r for r in read_lines(two_rank_run) if "event" not in r]
     assert [r["step"] for r in steps] == [1, 2, 3, 4, 5, 6]
     assert all(r["world_size"] == 2 and r["global_batch"] == 8 for r in steps)
+    # Every logged step carries both ranks' timings (gathered to rank 0, in rank order).
+    assert all([row[0] for row in r["ranks"]] == [0, 1] for r in steps)
     acc = json.loads((two_rank_run / "acceptance.json").read_text())
     assert acc["world_size"] == 2 and len(acc["nodes"]) == 2 and acc["backend"] == "gloo"
     assert [r["rank"] for r in acc["ranks"]] == [0, 1]

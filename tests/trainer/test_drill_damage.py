@@ -1,7 +1,9 @@
 """Every kind of damage in ``tests/drill_damage.py`` against the trainer's drill, locally:
 on the same shape (1 rank → 1 rank, exact) and onto another allocation (2 ranks → 1 rank,
 tolerance). The reference is built from the run before the damage, as Gantry keeps it
-in its database: damage to the cluster's files cannot reach it."""
+in its database: damage to the cluster's files cannot reach it. Like Gantry's, it holds the
+checkpoint as registered (its step and manifest digest): registered before the damage, or
+after it for a kind the trainer wrote that way (``registered_as_written``)."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from drill_damage import REPLICATED_KINDS, Damage
+from drill_damage import REPLICATED_KINDS, Damage, registered_digest
 from trainer_testlib import ckpt, cli, launch_ranks, tiny_config, write_config
 
 from trainer.drill import reference_from_metrics
@@ -23,6 +25,12 @@ def _reference(run: Path, dest: Path) -> Path:
     acceptance = json.loads((run / "acceptance.json").read_text())
     reference["dataset_sha256"] = acceptance["dataset_sha256"]
     dest.write_text(json.dumps(reference))
+    return dest
+
+
+def _registered(reference: Path, dest: Path, registered: dict[str, Any]) -> Path:
+    """``reference`` with the checkpoint as Gantry registered it."""
+    dest.write_text(json.dumps({**json.loads(reference.read_text()), **registered}))
     return dest
 
 
@@ -46,8 +54,12 @@ def two_rank_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 def _drill(tmp_path: Path, run: Path, reference: Path, damage: Damage | None) -> dict[str, Any]:
     copy = tmp_path / "run"
     shutil.copytree(run, copy)
+    registered = {"checkpoint_step": 3, "manifest_digest": registered_digest(ckpt(copy, 3))}
     if damage is not None:
         damage.apply(ckpt(copy, 3), ckpt(copy, 6))
+        if damage.registered_as_written:
+            registered["manifest_digest"] = registered_digest(ckpt(copy, 3))
+    reference = _registered(reference, tmp_path / "reference.json", registered)
     out = tmp_path / "drill.json"
     code = cli(
         [

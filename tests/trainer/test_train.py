@@ -164,3 +164,12 @@ def test_retention_keeps_last_k(tmp_path):
     (root / "step-000010").mkdir()
     ck.apply_retention(str(root), 1)
     assert sorted(p.name for p in root.iterdir()) == ["step-000008", "step-000010"]
+
+
+def test_each_logged_step_carries_every_ranks_timings(base_run):
+    steps = [r for r in read_lines(base_run) if "event" not in r]
+    for r in steps:
+        [[rank, node, forward_s, step_s]] = r["ranks"]
+        assert rank == 0 and isinstance(node, str) and node
+        # The forward pass is part of the step.
+        assert 0 < forward_s <= step_s

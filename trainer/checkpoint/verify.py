@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 from ..config import STRATEGIES
-from ..schema import Reason
+from ..schema import Reason, manifest_digest
 from ..sharding import rank_summary, sharding_problems
 from ..statekeys import SHARDS
 from .durable import sha256_files
@@ -149,42 +149,11 @@ def _index_problem(
     return None
 
 
-def verify(path: str, deep: bool = True) -> dict[str, Any]:
-    """Integrity report for a checkpoint directory (never raises for a bad checkpoint).
-
-    Checks, in order: manifest present and parsable; every listed file (index and data files
-    of every rank) present, of the listed size and sha256 (files hashed in parallel); each
-    rank has an index listing the required state keys; with ``deep`` each index is also
-    loaded, its keys checked and its data-file list matched against the manifest.
-    ``reason``/``reason_code`` describe the first failure.
-    """
-    t0 = time.perf_counter()
-    report: dict[str, Any] = {
-        "path": os.path.abspath(path),
-        "ok": False,
-        "reason": None,
-        "reason_code": None,
-        "step": None,
-        "world_size_at_save": None,
-        "files": [],
-        "state_keys": [],
-        "missing_state": [],
-        "bytes": 0,
-        "time_s": 0.0,
-    }
-    try:
-        manifest = load_manifest(path)
-    except CheckpointError as exc:
-        report.update(reason=exc.reason, reason_code=exc.code)
-        report["time_s"] = time.perf_counter() - t0
-        return report
-    report["step"] = manifest["step"]
-    report["world_size_at_save"] = manifest["world_size"]
-    report["state_keys"] = manifest["state_keys"]
-    report["async"] = manifest.get("async")
-    report["strategy"] = strategy_of(manifest)
-    report["ranks"] = rank_summary(manifest)
-    _file_items(path, manifest, report)
+def _problems(
+    path: str, manifest: dict[str, Any], report: dict[str, Any], deep: bool
+) -> list[Problem]:
+    """Every file not as listed (``_file_items`` filled ``report``), every intact index
+    without its required state, every rank of the world size without an index."""
     problems: list[Problem] = []
     bad_ranks: set[int] = set()
     pairs = list(zip(manifest["files"], report["files"], strict=True))
@@ -211,6 +180,86 @@ def verify(path: str, deep: bool = True) -> dict[str, Any]:
                 f"{manifest['world_size']}",
             )
         )
+    return problems
+
+
+def registration_problem(
+    path: str, manifest: dict[str, Any], *, step: int | None, digest: str | None
+) -> str | None:
+    """Why the manifest in ``path`` is not the one Gantry registered for this checkpoint
+    (its ``step``, its ``digest``: ``schema.manifest_digest``), or None. Another complete,
+    self-consistent checkpoint put in its place (another step of the same run, another
+    save) passes every other check, so this one comes first. Unset expectations (a
+    standalone drill, a checkpoint registered before digests) are not checked."""
+    found = manifest.get("step")
+    actual = manifest_digest(manifest)
+    problems = []
+    if step is not None and (isinstance(found, bool) or found != step):
+        problems.append(f"it holds step {found!r}, Gantry registered step {step}")
+    if digest and actual != digest:
+        problems.append(
+            f"its manifest digest is {actual[:16]}..., Gantry registered {digest[:16]}..."
+        )
+    if not problems:
+        return None
+    return (
+        f"{os.path.basename(os.path.normpath(path))}: not the checkpoint Gantry registered: "
+        + "; ".join(problems)
+    )
+
+
+def verify(
+    path: str,
+    deep: bool = True,
+    *,
+    registered_step: int | None = None,
+    registered_digest: str | None = None,
+) -> dict[str, Any]:
+    """Integrity report for a checkpoint directory (never raises for a bad checkpoint).
+
+    Checks, in order: manifest present and parsable; the manifest is the one Gantry
+    registered (``registered_step``, ``registered_digest``; else ``not_as_registered``,
+    and nothing more is checked); every listed file (index and data files of every rank)
+    present, of the listed size and sha256 (files hashed in parallel); each rank has an
+    index listing the required state keys; with ``deep`` each index is also loaded, its
+    keys checked and its data-file list matched against the manifest.
+    ``reason``/``reason_code`` describe the first failure.
+    """
+    t0 = time.perf_counter()
+    report: dict[str, Any] = {
+        "path": os.path.abspath(path),
+        "ok": False,
+        "reason": None,
+        "reason_code": None,
+        "step": None,
+        "world_size_at_save": None,
+        "files": [],
+        "state_keys": [],
+        "missing_state": [],
+        "bytes": 0,
+        "time_s": 0.0,
+    }
+    try:
+        manifest = load_manifest(path)
+    except CheckpointError as exc:
+        report.update(reason=exc.reason, reason_code=exc.code)
+        report["time_s"] = time.perf_counter() - t0
+        return report
+    report["step"] = manifest["step"]
+    report["manifest_digest"] = manifest_digest(manifest)
+    report["world_size_at_save"] = manifest["world_size"]
+    swapped = registration_problem(path, manifest, step=registered_step, digest=registered_digest)
+    if swapped is not None:
+        report.update(reason=swapped, reason_code=Reason.NOT_AS_REGISTERED)
+        report["problems"] = [{"code": Reason.NOT_AS_REGISTERED, "reason": swapped}]
+        report["time_s"] = time.perf_counter() - t0
+        return report
+    report["state_keys"] = manifest["state_keys"]
+    report["async"] = manifest.get("async")
+    report["strategy"] = strategy_of(manifest)
+    report["ranks"] = rank_summary(manifest)
+    _file_items(path, manifest, report)
+    problems = _problems(path, manifest, report, deep)
     if problems:
         report["reason_code"], report["reason"] = problems[0]
         report["problems"] = [{"code": c, "reason": r} for c, r in problems]

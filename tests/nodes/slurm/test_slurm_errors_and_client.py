@@ -210,6 +210,20 @@ def test_tags_are_looked_up_together_and_absence_needs_accounting(recorded: Any)
     assert not broken.proves_absent("gantry-none")
 
 
+def test_an_unreadable_sacct_answer_proves_no_absence_and_hides_not_the_queue(
+    recorded: Any,
+) -> None:
+    # sacct exited 0 with text nobody can read (a truncated line): like accounting down,
+    # the queue's answer stands and absence is not proven; before, the lookup failed.
+    answers = _answers(recorded)
+    answers["sacct --allusers"] = (0, "garbage\n", "")
+    runner = FakeRunner(answers)
+    lookup = SlurmClient(runner).jobs_by_tags(["gantry-none"])
+    assert len(runner.calls) == 2 and lookup.found == {"gantry-none": []}
+    assert not lookup.accounting_ok and "cannot parse sacct" in lookup.accounting_error
+    assert not lookup.proves_absent("gantry-none")
+
+
 def test_submit_returns_the_job_id(recorded: Any) -> None:
     runner = FakeRunner(_answers(recorded))
     client = SlurmClient(runner)
