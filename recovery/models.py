@@ -1,0 +1,188 @@
+"""Automatic recovery on proof: what went wrong with a job (an ``Incident``), what the
+cluster's operators set as the default (``RecoveryPolicy``), which nodes the evidence
+points at (``SuspectNode``), and what the watcher last saw of a running job's progress
+(``JobProgress``, the clock hang detection runs on).
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.core.validators import MaxValueValidator, MinValueValidator
+from django.db import models
+
+from jobs.models import Checkpoint, Job
+from jobs.recovery_settings import MAX_ATTEMPTS_LIMIT, OnHang, RecoverySettings
+from nodes.models import Cluster, Node
+
+_DEFAULTS = RecoverySettings()
+
+
+class RecoveryPolicy(models.Model):
+    """Per cluster, set by operators: the recovery settings of jobs that set none."""
+
+    class OnHangChoice(models.TextChoices):
+        RECOVER = OnHang.RECOVER, "recover (cancel, resume from the newest proven checkpoint)"
+        HOLD = OnHang.HOLD, "hold (cancel, wait for a person)"
+        NOTIFY = OnHang.NOTIFY, "notify only (leave it running)"
+
+    cluster = models.OneToOneField(
+        Cluster, on_delete=models.CASCADE, related_name="recovery_policy"
+    )
+    enabled = models.BooleanField(default=_DEFAULTS.enabled)
+    max_attempts = models.PositiveSmallIntegerField(
+        default=_DEFAULTS.max_attempts, validators=[MaxValueValidator(MAX_ATTEMPTS_LIMIT)]
+    )
+    gpu_hours_budget = models.FloatField(
+        null=True, blank=True, validators=[MinValueValidator(0.01)], help_text="Empty: none."
+    )
+    on_hang = models.CharField(
+        max_length=16, choices=OnHangChoice.choices, default=_DEFAULTS.on_hang
+    )
+    exclude_suspects = models.BooleanField(default=_DEFAULTS.exclude_suspects)
+    # Hang budget: max(hang_factor × the job's p95 time between logged steps, floor);
+    # before the first logged step (start-up, restore), the start-up grace.
+    hang_factor = models.FloatField(default=10.0, validators=[MinValueValidator(2.0)])
+    hang_floor_seconds = models.PositiveIntegerField(
+        default=300, validators=[MinValueValidator(30)]
+    )
+    startup_grace_seconds = models.PositiveIntegerField(
+        default=1800, validators=[MinValueValidator(60)]
+    )
+    updated_at = models.DateTimeField(auto_now=True)
+    updated_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+
+    def __str__(self) -> str:
+        return f"recovery policy of {self.cluster_id}"
+
+    def settings(self) -> RecoverySettings:
+        return RecoverySettings(
+            enabled=self.enabled,
+            max_attempts=self.max_attempts,
+            gpu_hours_budget=self.gpu_hours_budget,
+            on_hang=self.on_hang,
+            exclude_suspects=self.exclude_suspects,
+        )
+
+
+class Incident(models.Model):
+    """One interruption of a training lineage, from detection to its outcome."""
+
+    class Signal(models.TextChoices):
+        CRASH = "crash", "crashed"
+        NODE_FAILURE = "node_failure", "node failure"
+        OUT_OF_MEMORY = "out_of_memory", "out of memory"
+        TIMEOUT = "timeout", "time limit"
+        HANG = "hang", "hang (no progress)"
+        NONFINITE_LOSS = "nonfinite_loss", "loss not finite"
+        STRAGGLER = "straggler", "straggler (a rank persistently slower than its peers)"
+
+    class Outcome(models.TextChoices):
+        # Detected; what is left of the job is being cancelled.
+        OPEN = "open"
+        # A newer, unproven checkpoint is being drilled before anything resumes from it.
+        PROVING = "proving", "proving a checkpoint"
+        RECOVERED = "recovered", "resumed"
+        HELD = "held", "held for a person"
+        NOTIFIED = "notified", "left running (notify only)"
+        # Recovery is off for the job, or there is nothing proven to resume from.
+        NOT_RECOVERED = "not_recovered", "not recovered"
+
+    ACTIVE_OUTCOMES = frozenset({Outcome.OPEN, Outcome.PROVING})
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="incidents")
+    # The first job of the lineage (attempts and budgets are counted per lineage).
+    lineage_root = models.ForeignKey(
+        Job, on_delete=models.CASCADE, related_name="lineage_incidents"
+    )
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="incidents")
+    signal = models.CharField(max_length=16, choices=Signal.choices)
+    # What the detection rests on, in words and as figures (never a guess).
+    detail = models.TextField(blank=True)
+    evidence = models.JSONField(default=dict, blank=True)
+    # When the job stopped making progress (its end, or its last new step), and when
+    # Gantry noticed: their difference is the time to detect.
+    stopped_at = models.DateTimeField()
+    detected_at = models.DateTimeField()
+    cancel_requested_at = models.DateTimeField(null=True, blank=True)
+    cancelled_at = models.DateTimeField(null=True, blank=True)
+    outcome = models.CharField(max_length=16, choices=Outcome.choices, default=Outcome.OPEN)
+    reason = models.TextField(blank=True, help_text="The outcome in words.")
+    resumed_from = models.ForeignKey(
+        Checkpoint, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    resumed_job = models.ForeignKey(
+        Job, null=True, blank=True, on_delete=models.SET_NULL, related_name="recovered_from"
+    )
+    # Checkpoints skipped on the way (a drill failed them), as {step: why}.
+    skipped = models.JSONField(default=dict, blank=True)
+    proving_drill_id = models.UUIDField(null=True, blank=True)
+    suspect_nodes = models.JSONField(default=list, blank=True)
+    excluded_nodes = models.JSONField(default=list, blank=True)
+    lost_steps = models.PositiveIntegerField(null=True, blank=True)
+    lost_gpu_hours = models.FloatField(null=True, blank=True)
+    resumed_at = models.DateTimeField(null=True, blank=True)
+    closed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-detected_at", "-id"]
+        indexes = [
+            models.Index(fields=["cluster", "detected_at"], name="incident_cluster_at"),
+            models.Index(fields=["outcome"], name="incident_outcome"),
+            # The notifications collector reads incidents opened or closed since its last run.
+            models.Index(fields=["detected_at"], name="incident_detected_at"),
+            models.Index(fields=["closed_at"], name="incident_closed_at"),
+        ]
+        constraints = [
+            # One incident per failed attempt: a cycle that sees it again adds nothing.
+            models.UniqueConstraint(fields=["job"], name="incident_one_per_job")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.signal} of {self.job_id}"
+
+    @property
+    def time_to_detect_s(self) -> float:
+        return max(0.0, (self.detected_at - self.stopped_at).total_seconds())
+
+    @property
+    def is_active(self) -> bool:
+        return self.outcome in self.ACTIVE_OUTCOMES
+
+
+class SuspectNode(models.Model):
+    """A node the evidence of an incident points at, until an operator clears it."""
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="suspicions")
+    incident = models.ForeignKey(Incident, on_delete=models.CASCADE, related_name="suspicions")
+    evidence = models.TextField()
+    created_at = models.DateTimeField(auto_now_add=True)
+    cleared_at = models.DateTimeField(null=True, blank=True)
+    cleared_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+
+    class Meta:
+        ordering = ["-created_at"]
+        constraints = [
+            models.UniqueConstraint(fields=["node", "incident"], name="suspect_once_per_incident")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.node_id} suspected in {self.incident_id}"
+
+
+class JobProgress(models.Model):
+    """What the watcher last saw of a running job's progress, on Gantry's own clock (the
+    nodes' clocks are not compared with it): when its metrics last grew, and when its run
+    directory was last read at all. A hang needs both: a directory Gantry could not read
+    is no evidence of anything."""
+
+    job = models.OneToOneField(Job, on_delete=models.CASCADE, related_name="recovery_progress")
+    metrics_offset = models.BigIntegerField(default=0)
+    grew_at = models.DateTimeField()
+    seen_at = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"progress of {self.job_id}"

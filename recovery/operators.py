@@ -1,0 +1,77 @@
+"""Operators' recovery actions: the cluster's recovery policy, clearing suspect nodes.
+Both audited."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.db import transaction
+from django.utils import timezone
+
+from core.audit import AuditAction, audit_event_record
+from core.errors import FieldError
+from core.roles import is_operator
+from core.types import User
+from nodes.models import Cluster, Node
+from recovery.models import RecoveryPolicy, SuspectNode
+
+POLICY_FIELDS = (
+    "enabled",
+    "max_attempts",
+    "gpu_hours_budget",
+    "on_hang",
+    "exclude_suspects",
+    "hang_factor",
+    "hang_floor_seconds",
+    "startup_grace_seconds",
+)
+
+
+def recovery_policy_update(*, actor: User, cluster: Cluster, **values: Any) -> RecoveryPolicy:
+    """Change a cluster's recovery policy (operators only), validated and audited with the
+    values before and after."""
+    if not is_operator(actor):
+        raise PermissionDenied("Only operators may change recovery policies.")
+    unknown = sorted(set(values) - set(POLICY_FIELDS))
+    if unknown:
+        raise FieldError(unknown[0], "not a recovery policy setting")
+    with transaction.atomic():
+        policy, _ = RecoveryPolicy.objects.select_for_update().get_or_create(cluster=cluster)
+        before = {key: getattr(policy, key) for key in POLICY_FIELDS}
+        for key, value in values.items():
+            setattr(policy, key, value)
+        policy.updated_by = actor
+        try:
+            policy.full_clean()
+        except ValidationError as error:
+            name, messages = next(iter(error.message_dict.items()))
+            raise FieldError(name, " ".join(messages)) from None
+        policy.save()
+        audit_event_record(
+            actor=actor,
+            action=AuditAction.RECOVERY_POLICY_UPDATE,
+            target=policy,
+            details={"before": before, "after": {k: getattr(policy, k) for k in POLICY_FIELDS}},
+        )
+    return policy
+
+
+def suspect_node_clear(*, actor: User, node: Node, why: str = "") -> int:
+    """An operator clears a node's suspicions (it was repaired, or the evidence was wrong):
+    later recoveries no longer exclude it. Audited; returns how many were cleared."""
+    if not is_operator(actor):
+        raise PermissionDenied("Only operators may clear suspect nodes.")
+    now = timezone.now()
+    with transaction.atomic():
+        cleared = SuspectNode.objects.filter(node=node, cleared_at__isnull=True).update(
+            cleared_at=now, cleared_by=actor
+        )
+        if cleared:
+            audit_event_record(
+                actor=actor,
+                action=AuditAction.SUSPECT_NODE_CLEAR,
+                target=node,
+                details={"node": node.name, "cleared": cleared, "why": why[:500]},
+            )
+    return cleared

@@ -1,0 +1,361 @@
+"""Recovery on proof: an incident is opened on positive evidence (``recovery.detect``), what
+is left of the job is cancelled, and the lineage resumes from the newest checkpoint that is
+*proven* to restore. A newer checkpoint that is not proven yet is drilled first and used
+only if its drill passes; one whose drill fails is skipped. Recovery stops (the incident is
+held, with the reason in words) when the lineage's attempts or GPU-hour budget are spent,
+or when two attempts in a row would resume from the same step on the same nodes.
+
+Every step is a conditional update on the incident's outcome, so two watchers advancing the
+same cluster act once; every step is safe to re-run (the resume is a job with its own
+exactly-once submission).
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from core.audit import AuditAction, audit_event_record
+from core.errors import ApplicationError
+from jobs.goodput.ledger import job_gpus
+from jobs.lifecycle import JOBS, job_event
+from jobs.models import Job, JobEvent, MetricPoint
+from jobs.recovery_settings import OnHang, RecoverySettings
+from jobs.stragglers import STRAGGLER_MARGIN, stragglers
+from nodes.models import Cluster, Node
+from nodes.slurm.hostlist import expand
+from recovery.detect import HangBudget, crashed_jobs, diverged_jobs, policy_for, signal_of
+from recovery.incidents import incident_move, job_recovery_settings, lineage_root
+from recovery.models import Incident, JobProgress, RecoveryPolicy, SuspectNode
+from recovery.resume import resume_on_proof
+
+logger = logging.getLogger(__name__)
+
+# Node states that say a node itself is at fault (the inventory's view of Slurm's).
+_FAULTY_NODE_STATES = {"down", "drain", "drained", "draining", "fail", "failing", "not_responding"}
+
+
+def _open(
+    job: Job,
+    *,
+    signal: str,
+    stopped_at: datetime,
+    now: datetime,
+    detail: str,
+    evidence: dict[str, Any],
+    outcome: str = Incident.Outcome.OPEN,
+    reason: str = "",
+) -> Incident | None:
+    """The incident of ``job``, once (the unique constraint makes a second one a no-op)."""
+    root = lineage_root(job)
+    with transaction.atomic():
+        incident, created = Incident.objects.get_or_create(
+            job=job,
+            defaults={
+                "lineage_root": root,
+                "cluster": job.cluster,
+                "signal": signal,
+                "stopped_at": stopped_at,
+                "detected_at": now,
+                "detail": detail[:4000],
+                "evidence": evidence,
+                "outcome": outcome,
+                "reason": reason,
+                "closed_at": None if outcome in Incident.ACTIVE_OUTCOMES else now,
+            },
+        )
+        if not created:
+            return None
+        suspects = _suspects(job, signal)
+        if suspects:
+            Incident.objects.filter(pk=incident.pk).update(
+                suspect_nodes=[node.name for node, _ in suspects]
+            )
+            for node, why in suspects:
+                SuspectNode.objects.get_or_create(
+                    node=node, incident=incident, defaults={"evidence": why}
+                )
+        job_event(job, JobEvent.Kind.INCIDENT, message=f"incident: {detail}"[:4000])
+    logger.warning("job %s: incident opened (%s): %s", job.id, signal, detail)
+    return incident
+
+
+def _suspects(job: Job, signal: str) -> list[tuple[Node, str]]:
+    """Nodes of the job's allocation the evidence points at: on a node failure, those the
+    inventory shows down, drained or failing. Nothing is named without such evidence."""
+    if signal != Incident.Signal.NODE_FAILURE or not job.allocated_nodes:
+        return []
+    try:
+        names = expand(job.allocated_nodes)
+    except ValueError:
+        return []
+    found = []
+    for node in Node.objects.filter(cluster=job.cluster, name__in=names):
+        state = (node.state or "").lower()
+        flags = {str(flag).lower() for flag in (node.state_flags or [])}
+        if state in _FAULTY_NODE_STATES or flags & _FAULTY_NODE_STATES:
+            found.append(
+                (
+                    node,
+                    f"Slurm ended job {job.slurm_job_id} with NODE_FAIL; {node.name} was "
+                    f"{node.state}{' (' + ', '.join(sorted(flags)) + ')' if flags else ''}",
+                )
+            )
+    return found
+
+
+def crashes_open(*, cluster: Cluster, now: datetime) -> int:
+    """An incident for each job that just ended in a failure of its own."""
+    opened = 0
+    policy = policy_for(cluster)
+    for job in crashed_jobs(cluster, now):
+        settings = job_recovery_settings(job, policy)
+        signal = signal_of(job)
+        detail = (
+            f"Slurm ended job {job.slurm_job_id} {job.state}"
+            f"{' (' + job.state_reason + ')' if job.state_reason else ''}, exit code "
+            f"{job.exit_code}, at step {job.last_step if job.last_step is not None else '—'}"
+        )
+        evidence = {
+            "state": job.state,
+            "exit_code": job.exit_code,
+            "reason": job.state_reason,
+            "last_step": job.last_step,
+            "nodes": job.allocated_nodes,
+        }
+        outcome, reason = Incident.Outcome.OPEN, ""
+        if not settings.enabled:
+            outcome, reason = Incident.Outcome.NOT_RECOVERED, "recovery is off for this job"
+        if _open(
+            job,
+            signal=signal,
+            stopped_at=job.ended_at or now,
+            now=now,
+            detail=detail,
+            evidence=evidence,
+            outcome=outcome,
+            reason=reason,
+        ):
+            opened += 1
+    return opened
+
+
+def divergences_open(*, cluster: Cluster, now: datetime) -> int:
+    """An incident for each job whose loss stopped being a number."""
+    opened = 0
+    policy = policy_for(cluster)
+    for job in diverged_jobs(cluster):
+        settings = job_recovery_settings(job, policy)
+        step = job.nonfinite_loss_step or 0
+        point = MetricPoint.objects.filter(job=job, step=step).values_list("wall_time", "loss")
+        found = point.first()
+        stopped = min(found[0], now) if found and found[0] else now
+        detail = (
+            f"the loss at step {step} is {found[1] if found else 'not a number'}: the run "
+            "diverged; it resumes from a proven checkpoint before that step"
+        )
+        outcome, reason = Incident.Outcome.OPEN, ""
+        if not settings.enabled:
+            outcome, reason = Incident.Outcome.NOT_RECOVERED, "recovery is off for this job"
+        if _open(
+            job,
+            signal=Incident.Signal.NONFINITE_LOSS,
+            stopped_at=stopped,
+            now=now,
+            detail=detail,
+            evidence={"step": step, "state": job.state, "last_step": job.last_step},
+            outcome=outcome,
+            reason=reason,
+        ):
+            opened += 1
+    return opened
+
+
+def stragglers_open(*, jobs: list[Job], now: datetime) -> int:
+    """An incident for each running job with a rank slower than its peers for
+    ``STRAGGLER_STREAK`` logged intervals in a row, naming its node. It is recovered (the
+    node left out) only where the policy excludes suspects; otherwise people are told."""
+    opened = 0
+    with_incident = set(Incident.objects.filter(job__in=jobs).values_list("job_id", flat=True))
+    for job in jobs:
+        slow = stragglers(job.rank_timing)
+        if not slow or job.id in with_incident:
+            continue
+        settings = job_recovery_settings(job)
+        named = ", ".join(
+            f"rank {item['rank']} on {item.get('node')} ({item.get('ratio')}× its peers' "
+            f"forward time for {item.get('streak')} logged intervals since step "
+            f"{item.get('since_step')})"
+            for item in slow
+        )
+        outcome, reason = Incident.Outcome.OPEN, ""
+        if not settings.enabled or not settings.exclude_suspects:
+            outcome = Incident.Outcome.NOTIFIED
+            reason = "a straggler is recovered only where suspects are left out: left running"
+        incident = _open(
+            job,
+            signal=Incident.Signal.STRAGGLER,
+            stopped_at=now,
+            now=now,
+            detail=f"straggler: {named}",
+            evidence={"stragglers": slow, "margin": STRAGGLER_MARGIN},
+            outcome=outcome,
+            reason=reason,
+        )
+        if incident is not None:
+            opened += 1
+            _name_stragglers(incident, job, slow)
+    return opened
+
+
+def _name_stragglers(incident: Incident, job: Job, slow: list[dict[str, Any]]) -> None:
+    names = sorted({str(item.get("node")) for item in slow})
+    nodes = Node.objects.filter(cluster=job.cluster, name__in=names)
+    for node in nodes:
+        figures = [item for item in slow if item.get("node") == node.name]
+        SuspectNode.objects.get_or_create(
+            node=node,
+            incident=incident,
+            defaults={
+                "evidence": f"job {job.slurm_job_id}: rank(s) "
+                + ", ".join(str(item["rank"]) for item in figures)
+                + f" on {node.name} slower than their peers by more than "
+                f"{STRAGGLER_MARGIN:.0%} for {figures[0].get('streak')} logged intervals"
+            },
+        )
+    Incident.objects.filter(pk=incident.pk).update(suspect_nodes=[n.name for n in nodes])
+
+
+def hang_open(
+    *, job: Job, budget: HangBudget, progress: JobProgress, policy: RecoveryPolicy, now: datetime
+) -> Incident | None:
+    """An incident for a running job whose metrics stopped growing past its budget."""
+    settings = job_recovery_settings(job, policy)
+    quiet = (now - progress.grew_at).total_seconds()
+    detail = (
+        f"no new step for {quiet:.0f} s (last step {job.last_step}), over its budget of "
+        f"{budget.seconds:.0f} s"
+        + (
+            f" (p95 {budget.p95_interval_s:.1f} s between logged steps × {policy.hang_factor:g}"
+            f", plus {budget.save_allowance_s:.0f} s for a checkpoint save)"
+            if budget.p95_interval_s is not None
+            else " (start-up grace: no steady steps yet)"
+        )
+        + "; Gantry read its run directory this cycle"
+    )
+    evidence = {
+        **budget.as_evidence(),
+        "quiet_s": round(quiet, 3),
+        "last_step": job.last_step,
+        "metrics_offset": progress.metrics_offset,
+        "grew_at": progress.grew_at.isoformat(),
+        "seen_at": progress.seen_at.isoformat(),
+        "nodes": job.allocated_nodes,
+    }
+    outcome, reason = Incident.Outcome.OPEN, ""
+    if not settings.enabled:
+        outcome, reason = Incident.Outcome.NOTIFIED, "recovery is off for this job: left running"
+    elif settings.on_hang == OnHang.NOTIFY:
+        outcome, reason = Incident.Outcome.NOTIFIED, "the job's policy is to notify on a hang"
+    return _open(
+        job,
+        signal=Incident.Signal.HANG,
+        stopped_at=progress.grew_at,
+        now=now,
+        detail=detail,
+        evidence=evidence,
+        outcome=outcome,
+        reason=reason,
+    )
+
+
+def incidents_advance(*, cluster: Cluster, now: datetime) -> int:
+    """Move every open incident of ``cluster`` one step on; returns how many moved."""
+    moved = 0
+    for incident in Incident.objects.filter(
+        cluster=cluster, outcome__in=list(Incident.ACTIVE_OUTCOMES)
+    ).select_related("job", "job__cluster", "lineage_root"):
+        try:
+            moved += int(_advance(incident, now))
+        except ApplicationError as error:
+            moved += int(
+                incident_move(incident, Incident.Outcome.HELD, reason=f"recovery refused: {error}")
+            )
+    return moved
+
+
+def _advance(incident: Incident, now: datetime) -> bool:
+    job = incident.job
+    job.refresh_from_db()
+    if not job.is_final:
+        return _cancel_what_is_left(incident, job, now)
+    if incident.cancel_requested_at and incident.cancelled_at is None:
+        Incident.objects.filter(pk=incident.pk).update(cancelled_at=job.ended_at or now)
+    settings = job_recovery_settings(job)
+    if incident.signal == Incident.Signal.HANG and settings.on_hang == OnHang.HOLD:
+        return incident_move(
+            incident, Incident.Outcome.HELD, reason="the job's policy holds a hung job for a person"
+        )
+    if not job.files_final:
+        # Its last checkpoints are still being read: choose once they are known.
+        return False
+    stop = _limits_reached(incident, settings)
+    if stop:
+        return incident_move(incident, Incident.Outcome.HELD, reason=stop)
+    return resume_on_proof(incident, job, settings, now)
+
+
+def _cancel_what_is_left(incident: Incident, job: Job, now: datetime) -> bool:
+    if incident.cancel_requested_at is not None:
+        return False
+    if not Incident.objects.filter(pk=incident.pk, cancel_requested_at__isnull=True).update(
+        cancel_requested_at=now
+    ):
+        return False
+
+    def audit(cancelled: Job) -> None:
+        audit_event_record(
+            actor=None,
+            action=AuditAction.RECOVERY_CANCEL,
+            target=cancelled,
+            details={"incident": incident.pk, "signal": incident.signal},
+        )
+
+    JOBS.cancel(job, by="recovery", audit=audit)
+    return True
+
+
+def _limits_reached(incident: Incident, settings: RecoverySettings) -> str:
+    """Why recovery must stop for this lineage now, or ""."""
+    done = list(
+        Incident.objects.filter(lineage_root=incident.lineage_root, resumed_job__isnull=False)
+        .exclude(pk=incident.pk)
+        .select_related("resumed_job")
+    )
+    if len(done) >= settings.max_attempts:
+        return (
+            f"{len(done)} recoveries of this run already: the most its policy allows "
+            f"({settings.max_attempts})"
+        )
+    if settings.gpu_hours_budget is not None:
+        spent = sum(_gpu_hours(item.resumed_job) for item in done if item.resumed_job)
+        if spent >= settings.gpu_hours_budget:
+            return (
+                f"the recovery attempts of this run used {spent:.2f} GPU-hours, its budget is "
+                f"{settings.gpu_hours_budget:g}"
+            )
+    return ""
+
+
+def _gpu_hours(job: Job) -> float:
+    if job.started_at is None:
+        return 0.0
+    end = job.ended_at or timezone.now()
+    hours = max(0.0, (end - job.started_at).total_seconds()) / 3600.0
+    return hours * job_gpus(
+        nodes=job.nodes, gpus_per_node=job.gpus_per_node, tasks_per_node=job.tasks_per_node
+    )
