@@ -7,6 +7,7 @@ from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
+from core.access import request_user
 from core.admin_helpers import ServiceDeleteMixin, admin_link
 from core.errors import ApplicationError
 from drills.models import DrillPolicy, RestoreDrill
@@ -105,7 +106,7 @@ class RestoreDrillAdmin(ServiceDeleteMixin, admin.ModelAdmin):
     def cancel_drills(self, request: HttpRequest, queryset: QuerySet[RestoreDrill]) -> None:
         for drill in queryset:
             try:
-                outcome = restore_drill_cancel(actor=request.user, drill=drill)
+                outcome = restore_drill_cancel(actor=request_user(request), drill=drill)
                 self.message_user(request, f"{drill}: {outcome}")
             except ApplicationError as error:
                 self.message_user(request, f"{drill}: {error.message}", level=messages.ERROR)
@@ -147,7 +148,7 @@ class DrillPolicyAdmin(admin.ModelAdmin):
     ) -> None:
         # Through the service, so the change is validated and audited like the API's.
         drill_policy_update(
-            actor=request.user,
+            actor=request_user(request),
             cluster=obj.cluster,
             enabled=obj.enabled,
             running_every_hours=obj.running_every_hours,

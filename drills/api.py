@@ -13,6 +13,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from core.access import request_user
 from core.api import CursorPagination
 from core.permissions import IsOperator, IsResearcherOrOperator
 from drills.models import DrillPolicy, RestoreDrill
@@ -153,7 +154,9 @@ class CheckpointDetailApi(APIView):
 
     @extend_schema(responses=CheckpointDetailSerializer)
     def get(self, request: Request, checkpoint_id: int) -> Response:
-        checkpoint = checkpoint_get_for_user(user=request.user, checkpoint_id=checkpoint_id)
+        checkpoint = checkpoint_get_for_user(
+            user=request_user(request), checkpoint_id=checkpoint_id
+        )
         return Response(CheckpointDetailSerializer(checkpoint).data)
 
 
@@ -164,8 +167,10 @@ class CheckpointVerifyApi(APIView):
 
     @extend_schema(request=None, responses={202: dict})
     def post(self, request: Request, checkpoint_id: int) -> Response:
-        checkpoint = checkpoint_get_for_user(user=request.user, checkpoint_id=checkpoint_id)
-        checkpoint_verify_request(actor=request.user, checkpoint=checkpoint)
+        checkpoint = checkpoint_get_for_user(
+            user=request_user(request), checkpoint_id=checkpoint_id
+        )
+        checkpoint_verify_request(actor=request_user(request), checkpoint=checkpoint)
         poll = reverse("api:checkpoint-detail", args=[checkpoint.pk])
         return Response({"id": checkpoint.pk, "poll": poll}, status=status.HTTP_202_ACCEPTED)
 
@@ -196,14 +201,16 @@ class DrillStartApi(APIView):
 
     @extend_schema(request=InputSerializer, responses={202: dict})
     def post(self, request: Request, checkpoint_id: int) -> Response:
-        checkpoint = checkpoint_get_for_user(user=request.user, checkpoint_id=checkpoint_id)
+        checkpoint = checkpoint_get_for_user(
+            user=request_user(request), checkpoint_id=checkpoint_id
+        )
         data = self.InputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         values = dict(data.validated_data)
         steps = values.pop("steps", None)
         trainer = values.pop("trainer")
         drill = restore_drill_start(
-            actor=request.user,
+            actor=request_user(request),
             checkpoint=checkpoint,
             steps=steps,
             allocation=values,
@@ -238,7 +245,7 @@ class DrillListApi(generics.ListAPIView):
     def get_queryset(self) -> QuerySet[RestoreDrill]:
         params = self.request.query_params
         return drill_list(
-            user=self.request.user,
+            user=request_user(self.request),
             state=params.get("state"),
             verdict=params.get("verdict"),
             job=params.get("job"),
@@ -253,7 +260,7 @@ class DrillDetailApi(APIView):
 
     @extend_schema(responses=DrillDetailSerializer)
     def get(self, request: Request, drill_id: str) -> Response:
-        drill = drill_get_for_user(user=request.user, drill_id=drill_id)
+        drill = drill_get_for_user(user=request_user(request), drill_id=drill_id)
         return Response(DrillDetailSerializer(drill).data)
 
 
@@ -262,8 +269,8 @@ class DrillCancelApi(APIView):
 
     @extend_schema(request=None, responses={202: dict})
     def post(self, request: Request, drill_id: str) -> Response:
-        drill = drill_get_for_user(user=request.user, drill_id=drill_id)
-        restore_drill_cancel(actor=request.user, drill=drill)
+        drill = drill_get_for_user(user=request_user(request), drill_id=drill_id)
+        restore_drill_cancel(actor=request_user(request), drill=drill)
         drill.refresh_from_db()
         return accepted_drill(drill)
 
@@ -306,7 +313,9 @@ class DrillPolicyApi(APIView):
         cluster = get_object_or_404(Cluster, pk=cluster_id)
         data = DrillPolicySerializer(data=request.data, partial=True)
         data.is_valid(raise_exception=True)
-        policy = drill_policy_update(actor=request.user, cluster=cluster, **data.validated_data)
+        policy = drill_policy_update(
+            actor=request_user(request), cluster=cluster, **data.validated_data
+        )
         return Response(DrillPolicySerializer(policy).data)
 
     patch = put

@@ -13,9 +13,11 @@ from django.utils import timezone
 from core.audit import AuditAction, audit_event_record
 from core.errors import ApplicationError, FieldError
 from core.roles import is_operator
+from core.types import User
 from drills.models import DrillPolicy, RestoreDrill
 from drills.services import restore_drill_start
 from jobs.models import Checkpoint, Job
+from nodes.models import Cluster
 
 logger = logging.getLogger(__name__)
 
@@ -28,7 +30,7 @@ POLICY_FIELDS = (
 )
 
 
-def drill_policy_update(*, actor: Any, cluster: Any, **values: Any) -> DrillPolicy:
+def drill_policy_update(*, actor: User, cluster: Cluster, **values: Any) -> DrillPolicy:
     """Change a cluster's drill policy (operators only); validated and audited with the
     values before and after. Refused with the field and why."""
     if not is_operator(actor):

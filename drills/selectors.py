@@ -10,20 +10,21 @@ from django.db.models import Count, Max, OuterRef, QuerySet, Subquery
 from django.http import Http404
 
 from core.errors import FieldError
+from core.types import MaybeUser
 from drills.models import RestoreDrill
 from drills.reference import recorded_trainer_digest
 from jobs.models import Checkpoint, Job
 from jobs.selectors import job_list_for_user
 
 
-def restore_drill_list_for_user(*, user: Any) -> QuerySet[RestoreDrill]:
+def restore_drill_list_for_user(*, user: MaybeUser) -> QuerySet[RestoreDrill]:
     """Drills a user may see: those of the jobs they may see (``job_list_for_user``)."""
     return RestoreDrill.objects.select_related("checkpoint", "checkpoint__job").filter(
         checkpoint__job__in=job_list_for_user(user=user)
     )
 
 
-def drill_get_for_user(*, user: Any, drill_id: UUID | str) -> RestoreDrill:
+def drill_get_for_user(*, user: MaybeUser, drill_id: UUID | str) -> RestoreDrill:
     """The one access check for a drill; 404 for a missing drill and for someone else's."""
     try:
         return (
@@ -37,7 +38,7 @@ def drill_get_for_user(*, user: Any, drill_id: UUID | str) -> RestoreDrill:
 
 def drill_list(
     *,
-    user: Any,
+    user: MaybeUser,
     state: str | None = None,
     verdict: str | None = None,
     job: str | None = None,
@@ -61,7 +62,7 @@ def drill_list(
     return drills
 
 
-def drill_fleet_health(*, user: Any) -> dict[str, Any]:
+def drill_fleet_health(*, user: MaybeUser) -> dict[str, Any]:
     """Share of running jobs whose newest checkpoint is proven, recent failures,
     the time-to-restore distribution and drills in flight. Passes and restore times count
     verifier-attested drills only (a self-attested one is the owner's word, counted apart)."""

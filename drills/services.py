@@ -20,6 +20,7 @@ from core.access import require_can_act
 from core.audit import AuditAction, audit_event_record
 from core.errors import ConflictError, FieldError
 from core.roles import is_operator
+from core.types import Actor, User
 from drills.attestation import drill_attestation, integrity_checker
 from drills.lifecycle import DRILLS
 from drills.models import RestoreDrill
@@ -154,7 +155,7 @@ def _drill_shape(
 
 def restore_drill_start(
     *,
-    actor: Any,
+    actor: Actor,
     checkpoint: Checkpoint,
     steps: int | None = None,
     allocation: dict[str, Any] | None = None,
@@ -241,7 +242,7 @@ def restore_drill_submit_gave_up(*, drill_id: str, error: BaseException) -> None
     DRILLS.submit_gave_up(drill_id, error)
 
 
-def restore_drill_cancel(*, actor: Any, drill: RestoreDrill) -> str:
+def restore_drill_cancel(*, actor: User, drill: RestoreDrill) -> str:
     """Cancel a drill (the job's owner or an operator); idempotent. A finished drill is
     left as it is."""
     require_can_act(actor, owner_id=drill.checkpoint.job.owner_id, what="cancel this drill")
@@ -252,7 +253,7 @@ def restore_drill_cancel(*, actor: Any, drill: RestoreDrill) -> str:
     return DRILLS.cancel(drill, by=actor.get_username(), audit=audit)
 
 
-def restore_drill_delete(*, actor: Any, drill: RestoreDrill) -> None:
+def restore_drill_delete(*, actor: User, drill: RestoreDrill) -> None:
     """Delete a finished drill's record (operators only), audited; an active one is
     cancelled instead, so no Slurm job is left untracked."""
     if not is_operator(actor):
@@ -331,7 +332,7 @@ def checkpoint_verify(*, checkpoint_id: int) -> Checkpoint:
     return checkpoint
 
 
-def checkpoint_verify_request(*, actor: Any, checkpoint: Checkpoint) -> None:
+def checkpoint_verify_request(*, actor: User, checkpoint: Checkpoint) -> None:
     """Ask for an integrity check of ``checkpoint`` (owner or operator), after commit."""
     require_can_act(actor, owner_id=checkpoint.job.owner_id, what="check this checkpoint")
     with transaction.atomic():

@@ -14,7 +14,7 @@ from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
 from django.views.decorators.http import require_POST
 
-from core.access import can_act
+from core.access import can_act, request_user
 from core.conditional import etag_for, not_modified, revalidate, this_minute
 from core.errors import ApplicationError, FieldError
 from core.roles import is_operator
@@ -92,7 +92,7 @@ def _int(value: str | None) -> int | None:
 
 @login_required
 def checkpoint_page(request: HttpRequest, job_id: uuid.UUID, step: int) -> HttpResponse:
-    job = job_get_for_user(user=request.user, job_id=job_id)
+    job = job_get_for_user(user=request_user(request), job_id=job_id)
     checkpoint = get_object_or_404(Checkpoint, job=job, step=step)
     files = [f for f in (checkpoint.manifest.get("files") or []) if isinstance(f, dict)]
     files.sort(key=lambda f: (f.get("rank", 0), str(f.get("name"))))
@@ -121,7 +121,7 @@ def checkpoint_page(request: HttpRequest, job_id: uuid.UUID, step: int) -> HttpR
 @login_required
 @require_POST
 def checkpoint_drill_action(request: HttpRequest, checkpoint_id: int) -> HttpResponse:
-    checkpoint = checkpoint_get_for_user(user=request.user, checkpoint_id=checkpoint_id)
+    checkpoint = checkpoint_get_for_user(user=request_user(request), checkpoint_id=checkpoint_id)
     back = reverse("checkpoint", args=[checkpoint.job_id, checkpoint.step])
     allocation: dict[str, Any] = {}
     if request.POST.get("allocation") == "custom":
@@ -133,7 +133,7 @@ def checkpoint_drill_action(request: HttpRequest, checkpoint_id: int) -> HttpRes
             allocation["partition"] = request.POST["partition"].strip()
     try:
         drill = restore_drill_start(
-            actor=request.user,
+            actor=request_user(request),
             checkpoint=checkpoint,
             steps=_int(request.POST.get("steps")),
             allocation=allocation,
@@ -149,9 +149,9 @@ def checkpoint_drill_action(request: HttpRequest, checkpoint_id: int) -> HttpRes
 @login_required
 @require_POST
 def checkpoint_verify_action(request: HttpRequest, checkpoint_id: int) -> HttpResponse:
-    checkpoint = checkpoint_get_for_user(user=request.user, checkpoint_id=checkpoint_id)
+    checkpoint = checkpoint_get_for_user(user=request_user(request), checkpoint_id=checkpoint_id)
     try:
-        checkpoint_verify_request(actor=request.user, checkpoint=checkpoint)
+        checkpoint_verify_request(actor=request_user(request), checkpoint=checkpoint)
         messages.success(request, "Integrity check requested; refresh in a few seconds.")
     except ApplicationError as error:
         messages.error(request, error.message)
@@ -160,7 +160,7 @@ def checkpoint_verify_action(request: HttpRequest, checkpoint_id: int) -> HttpRe
 
 @login_required
 def drill_detail_page(request: HttpRequest, drill_id: uuid.UUID) -> HttpResponse:
-    drill = drill_get_for_user(user=request.user, drill_id=drill_id)
+    drill = drill_get_for_user(user=request_user(request), drill_id=drill_id)
     evidence = drill.evidence or {}
     steps = [s for s in (evidence.get("steps") or []) if isinstance(s, dict)]
     job = drill.checkpoint.job
@@ -196,7 +196,7 @@ def drill_detail_page(request: HttpRequest, drill_id: uuid.UUID) -> HttpResponse
 def drill_status_partial(request: HttpRequest, drill_id: uuid.UUID) -> HttpResponseBase:
     """The drill's state and verdict, polled while it runs: rendered only when the drill
     changed (or the minute did: it says "running for 3 minutes"), 304 otherwise."""
-    drill = drill_get_for_user(user=request.user, drill_id=drill_id)
+    drill = drill_get_for_user(user=request_user(request), drill_id=drill_id)
     etag = etag_for(
         [getattr(drill, field.attname) for field in RestoreDrill._meta.concrete_fields],
         this_minute(),
@@ -210,9 +210,9 @@ def drill_status_partial(request: HttpRequest, drill_id: uuid.UUID) -> HttpRespo
 @login_required
 @require_POST
 def drill_cancel_action(request: HttpRequest, drill_id: uuid.UUID) -> HttpResponse:
-    drill = drill_get_for_user(user=request.user, drill_id=drill_id)
+    drill = drill_get_for_user(user=request_user(request), drill_id=drill_id)
     try:
-        outcome = restore_drill_cancel(actor=request.user, drill=drill)
+        outcome = restore_drill_cancel(actor=request_user(request), drill=drill)
         messages.success(request, f"Drill {outcome}.")
     except ApplicationError as error:
         messages.error(request, error.message)
@@ -224,10 +224,12 @@ def drill_list_page(request: HttpRequest) -> HttpResponse:
     verdict = request.GET.get("verdict") or ""
     error = ""
     try:
-        drills = list(drill_list(user=request.user, verdict=verdict).order_by("-created_at")[:100])
+        drills = list(
+            drill_list(user=request_user(request), verdict=verdict).order_by("-created_at")[:100]
+        )
     except FieldError as refused:
         drills, error = [], refused.message
-    health = drill_fleet_health(user=request.user)
+    health = drill_fleet_health(user=request_user(request))
     policies = []
     for cluster in Cluster.objects.order_by("name"):
         policy, _ = DrillPolicy.objects.get_or_create(cluster=cluster)
@@ -257,7 +259,7 @@ def drill_policy_action(request: HttpRequest, cluster_id: int) -> HttpResponse:
     hours = request.POST.get("running_every_hours", "").strip()
     try:
         drill_policy_update(
-            actor=request.user,
+            actor=request_user(request),
             cluster=cluster,
             enabled=request.POST.get("enabled") == "on",
             running_every_hours=float(hours) if hours else None,
