@@ -9,10 +9,11 @@ patterns here, and ``ValueError`` says why one is refused.
 
 from __future__ import annotations
 
+import math
 import re
 import uuid
 from collections.abc import Iterable, Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 
 from nodes.slurm.parsers import (
     SACCT_TEXT_FIELDS,
@@ -176,7 +177,16 @@ def squeue_start(partitions: Iterable[str] | None = None) -> list[str]:
 
 
 def _since(start: datetime | None) -> list[str]:
-    return [] if start is None else ["--starttime", start.strftime("%Y-%m-%dT%H:%M:%S")]
+    """``--starttime`` as a time relative to the login node's own clock: sacct reads an
+    absolute time in the login node's local zone, which Gantry does not know (a UTC wall
+    time sent to a login node west of UTC is in its future, and sacct refuses it). A naive
+    ``start`` is taken as UTC."""
+    if start is None:
+        return []
+    if start.tzinfo is None:
+        start = start.replace(tzinfo=UTC)
+    ago = max(0, math.ceil((datetime.now(UTC) - start).total_seconds()))
+    return ["--starttime", f"now-{ago}seconds"]
 
 
 def sacct_json(

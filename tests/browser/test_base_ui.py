@@ -40,7 +40,15 @@ def test_login_shows_navigation_and_every_page_opens(
 
     log_in(page, live_server, researcher.username)
     nav = page.locator("nav.mainnav a")
-    assert nav.all_inner_texts() == ["Overview", "Nodes", "Topology", "Jobs", "Drills", "Studies"]
+    assert nav.all_inner_texts() == [
+        "Overview",
+        "Nodes",
+        "Topology",
+        "Jobs",
+        "Drills",
+        "Recovery",
+        "Studies",
+    ]
     assert page.locator(".role").inner_text().lower() == "researcher"
     card = page.locator("article.cluster-card[data-cluster=devcluster]")
     assert "a100 1/2" in card.inner_text()
@@ -51,6 +59,7 @@ def test_login_shows_navigation_and_every_page_opens(
         ("Topology", "Topology"),
         ("Jobs", "Jobs"),
         ("Drills", "Restore drills"),
+        ("Recovery", "Recovery"),
         ("Studies", "Scaling studies"),
     ]:
         page.click(f"nav.mainnav >> text={label}")

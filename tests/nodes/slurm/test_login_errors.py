@@ -273,3 +273,18 @@ def test_a_key_file_that_is_not_the_pair_of_the_given_out_key_is_refused_before_
     with pytest.raises(SshTransientError):
         open_client(paired)
     assert asked == ["login.example.org"]
+
+
+def test_sacct_start_times_are_relative_to_the_login_nodes_clock() -> None:
+    """sacct reads an absolute --starttime in the login node's local zone, which Gantry
+    does not know: an hour ago in UTC is sent as "now-3600seconds", whatever that zone."""
+    from datetime import UTC, datetime, timedelta
+
+    from nodes.slurm import commands
+
+    argv = commands.sacct_json(["1"], start=datetime.now(UTC) - timedelta(hours=1))
+    value = argv[argv.index("--starttime") + 1]
+    assert value.startswith("now-") and value.endswith("seconds")
+    assert 3599 <= int(value.removeprefix("now-").removesuffix("seconds")) <= 3605
+    naive = commands.sacct_json(["1"], start=datetime.now(UTC).replace(tzinfo=None))
+    assert naive[naive.index("--starttime") + 1] in {"now-0seconds", "now-1seconds"}
