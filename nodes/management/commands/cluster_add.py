@@ -53,6 +53,11 @@ class Command(BaseCommand):
             help="how Gantry acts as users there (a new cluster: certificate; service_account "
             "is the legacy single-account mode, only when chosen)",
         )
+        parser.add_argument(
+            "--verifier",
+            default=None,
+            help="the account restore drills that count as proof run as (GANTRY_CLUSTER_VERIFIER)",
+        )
         parser.add_argument("--default", action="store_true", help="make it the default cluster")
         parser.add_argument("--sync", action="store_true", help="sync the inventory right away")
 
@@ -108,6 +113,9 @@ class Command(BaseCommand):
         except ApplicationError as error:
             raise CommandError(error.message) from None
         cluster = registration.cluster
+        verifier = pick("verifier", "GANTRY_CLUSTER_VERIFIER", required=False)
+        if verifier and verifier != cluster.verifier_account:
+            _set_verifier(cluster, verifier)
         info = registration.info
         verb = "registered" if registration.created else "updated"
         self.stdout.write(
@@ -127,3 +135,32 @@ class Command(BaseCommand):
             if not result.ok:
                 raise CommandError(f"sync failed: {result.error}")
             self.stdout.write(f"synced: {result.nodes_seen} nodes")
+
+
+def _set_verifier(cluster: Any, account: str) -> None:
+    """The cluster's drill verifier (``Cluster.verifier_account``), validated like an
+    operator's change and audited as Gantry's own (the command line)."""
+    from django.core.exceptions import ValidationError
+    from django.db import transaction
+
+    from core.audit import AuditAction, audit_event_record
+
+    before = cluster.verifier_account
+    cluster.verifier_account = account
+    others = [field.name for field in cluster._meta.fields if field.name != "verifier_account"]
+    try:
+        cluster.clean_fields(exclude=others)
+        cluster.clean()
+    except ValidationError as error:
+        raise CommandError(f"verifier {account!r}: {'; '.join(error.messages)}") from None
+    with transaction.atomic():
+        cluster.save(update_fields=["verifier_account"])
+        audit_event_record(
+            actor=None,
+            action=AuditAction.CLUSTER_UPDATE,
+            target=cluster,
+            details={
+                "before": {"verifier_account": before},
+                "after": {"verifier_account": account},
+            },
+        )
