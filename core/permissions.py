@@ -19,3 +19,14 @@ class IsResearcherOrOperator(BasePermission):
 
     def has_permission(self, request: Any, view: Any) -> bool:
         return is_researcher(request.user)
+
+
+class ReadByRolesWriteByOperators(BasePermission):
+    """Anyone with a role reads (GET); only operators change (cluster policies)."""
+
+    def has_permission(self, request: Any, view: Any) -> bool:
+        if request.method == "GET":
+            self.message = IsResearcherOrOperator.message
+            return is_researcher(request.user)
+        self.message = IsOperator.message
+        return is_operator(request.user)

@@ -15,7 +15,7 @@ from rest_framework.views import APIView
 
 from core.access import request_user
 from core.api import CursorPagination
-from core.permissions import IsOperator, IsResearcherOrOperator
+from core.permissions import IsResearcherOrOperator, ReadByRolesWriteByOperators
 from drills.models import DrillPolicy, RestoreDrill
 from drills.policies import drill_policy_update
 from drills.selectors import checkpoint_proofs, drill_get_for_user, drill_list
@@ -297,10 +297,7 @@ class DrillPolicySerializer(serializers.ModelSerializer):
 class DrillPolicyApi(APIView):
     """A cluster's scheduled-drill policy. Anyone may read it; operators change it (audited)."""
 
-    def get_permissions(self) -> list[Any]:
-        if self.request.method == "GET":
-            return [IsResearcherOrOperator()]
-        return [IsOperator()]
+    permission_classes = [ReadByRolesWriteByOperators]
 
     @extend_schema(responses=DrillPolicySerializer)
     def get(self, request: Request, cluster_id: int) -> Response:

@@ -16,7 +16,7 @@ from rest_framework.views import APIView
 from core.access import request_user
 from core.api import CursorPagination
 from core.errors import FieldError
-from core.permissions import IsOperator, IsResearcherOrOperator
+from core.permissions import IsOperator, IsResearcherOrOperator, ReadByRolesWriteByOperators
 from nodes.models import Cluster, Node
 from recovery.detect import policy_for
 from recovery.models import Incident, RecoveryPolicy
@@ -117,10 +117,7 @@ class RecoveryPolicyApi(APIView):
     """A cluster's recovery policy: the settings of jobs that set none. Anyone with a role
     reads it; operators change it (audited)."""
 
-    def get_permissions(self) -> list[Any]:
-        if self.request.method == "GET":
-            return [IsResearcherOrOperator()]
-        return [IsOperator()]
+    permission_classes = [ReadByRolesWriteByOperators]
 
     @extend_schema(responses=RecoveryPolicySerializer)
     def get(self, request: Request, cluster_id: int) -> Response:
