@@ -101,13 +101,22 @@ class Server:
     """gunicorn (sync workers) for one tree, with nginx in front unless ``proxy`` is off;
     ``port`` is where clients connect."""
 
-    def __init__(self, tree: Path, workers: int, env: dict[str, str], *, proxy: bool) -> None:
+    def __init__(
+        self,
+        tree: Path,
+        workers: int,
+        env: dict[str, str],
+        *,
+        proxy: bool,
+        extra: tuple[str, ...] = (),
+    ) -> None:
         self.tree, self.upstream = tree, lib.free_port()
         collect_static(tree, env)
         self.log = (lib.BENCH_DIR / f"gunicorn-{tree.name}.log").open("wb")
         gunicorn = str(Path(sys.executable).parent / "gunicorn")
         argv = [gunicorn, "controlplane.wsgi", "-w", str(workers)]
         argv += ["-b", f"127.0.0.1:{self.upstream}", "--timeout", "60", "--log-level", "warning"]
+        argv += extra
         self.process = subprocess.Popen(
             argv,
             cwd=tree,

@@ -7,7 +7,8 @@ recent failures and the recent drill failures. Two figures that sum much more ar
 from ``core.cache``, under keys that name what they were computed from:
 
 - node and GPU counts per cluster, computed again after each inventory sync (the cluster's
-  ``last_sync_at`` is in the key) and at least every ``OVERVIEW_NODE_COUNTS`` lifetime;
+  ``last_sync_at`` is in the key) and at least every ``OVERVIEW_NODE_COUNTS`` lifetime; the
+  GPU capacity by health per partition (``health.selectors``) likewise;
 - the goodput table, computed again at least every ``OVERVIEW_GOODPUT_WEEKS`` lifetime.
 
 The page says so under each. The rest (the live part) is a snapshot of the fleet reused for
@@ -36,6 +37,7 @@ from core.roles import is_operator
 from core.types import User
 from drills.models import RestoreDrill
 from drills.selectors import restore_drill_list_for_user
+from health.selectors import gpu_capacity_by_partition
 from jobs.goodput.fleet import goodput_by_cluster_week
 from jobs.goodput.work_at_risk import running_jobs_summary, work_at_risk_by_cluster
 from jobs.models import Job
@@ -117,6 +119,16 @@ def _overview_context(request: HttpRequest) -> dict[str, Any]:
             "recent_failures": drill_failures,
         },
         "cluster_health": _cluster_health(clusters),
+        # Device level apart from the node counts: GPUs per partition by probe verdict,
+        # reused like the node counts (a probe's change shows within their lifetime).
+        "gpu_capacity": cache.get_or_set(
+            cache.OVERVIEW_NODE_COUNTS,
+            cache.key_overview_node_counts(
+                clusters=[(c.pk, c.created_at, c.last_sync_at) for c in clusters]
+            )
+            + ":gpu-health",
+            gpu_capacity_by_partition,
+        ),
         "node_counts_seconds": cache.lifetime(cache.OVERVIEW_NODE_COUNTS),
         "running_count": running.count,
         "pending_count": sum(cluster.waiting for cluster in clusters),  # type: ignore[attr-defined]

@@ -12,6 +12,7 @@ from console.overview import overview as overview
 from console.overview import overview_live_partial as overview_live_partial
 from core.access import request_user
 from core.roles import is_operator
+from health.selectors import node_health_view
 from jobs.selectors import job_get_for_user, jobs_on_node
 from nodes.models import Cluster, Node
 from nodes.placement import placement_quality
@@ -41,6 +42,7 @@ def node_detail_page(request: HttpRequest, node_id: int) -> HttpResponse:
             "hidden_running": on_node.hidden_running,
             "recent_days": NODE_RECENT_JOB_DAYS,
             "suspicions": node_incidents(node=node),
+            "health_view": node_health_view(node=node),
             "can_operate": is_operator(request.user),
         },
     )

@@ -15,6 +15,7 @@ from core.ratelimit import RateLimitedLoginView
 api_v1: list[URLPattern | URLResolver] = [
     path("", include("core.api_urls")),
     path("", include("nodes.api_urls")),
+    path("", include("health.api_urls")),
     path("", include("studies.api_urls")),
     path("", include("jobs.api_urls")),
     path("", include("drills.api_urls")),

@@ -51,6 +51,7 @@ KEY_PREFIX = "v1:"
 # The cached things.
 JOB_FIGURES = "job_figures"
 JOB_LIST_ROWS = "job_list_rows"
+JOB_LIST_PAGE = "job_list_page"
 JOB_METRICS = "job_metrics"
 JOB_SERIES_STATE = "job_series_state"
 JOB_PLACEMENT = "job_placement"
@@ -77,6 +78,8 @@ LIFETIMES: Mapping[str, int | FromSetting] = {
     JOB_FIGURES: 120,
     # The key names the page's row versions.
     JOB_LIST_ROWS: 600,
+    # The key names the page's row versions and the minute (its ages are in words).
+    JOB_LIST_PAGE: 120,
     # The key names the job's metrics offset (new points are another key).
     JOB_METRICS: 600,
     # An unused series state; a new poll after that builds it again from every point.
@@ -151,6 +154,12 @@ def key_job_list_rows(*, rows: Sequence[Sequence[object]]) -> str:
     (``jobs.selectors.job_list_versions``). The filters, cursor and page size choose the
     rows, so they are named through them; anything else in the query string is not."""
     return _key(JOB_LIST_ROWS, _digest([tuple(row) for row in rows]))
+
+
+def key_job_list_page(*, rows: Sequence[Sequence[object]], minute: int) -> str:
+    """The job list page's table rows, rendered, by the row versions they show
+    (``jobs.list_page``) and the minute they were rendered in (the Age column)."""
+    return _key(JOB_LIST_PAGE, _digest([tuple(row) for row in rows]), minute)
 
 
 def key_job_metrics(

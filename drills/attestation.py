@@ -181,7 +181,13 @@ def open_to_verifier(
     ``VerifierAccessError`` saying which step failed."""
     account = verifier.config.user
     try:
-        user_area_ensure(transport_for(cluster), verifier, cluster.workdir, account)
+        user_area_ensure(
+            transport_for(cluster),
+            verifier,
+            cluster.workdir,
+            account,
+            service_account=cluster.ssh_user,
+        )
     except UserAreaError as error:
         raise VerifierAccessError(str(error)) from None
     owner = transport_as(cluster, owner_account)

@@ -36,7 +36,14 @@ from nodes.slurm import errors as slurm_errors
 from nodes.slurm.parsers import SlurmJob
 from nodes.slurm.transport import SshTransport
 from runs.lifecycle import Phase, SlurmLifecycle, WontSubmit, slurm_phase
-from runs.runtime import EnvironmentRefused, ScriptSpec, drill_dir, render_sbatch
+from runs.runtime import (
+    EnvironmentRefused,
+    ScriptSpec,
+    drill_dir,
+    render_sbatch,
+    service_read_grant,
+    user_area,
+)
 from runs.trainers import TrainerUnavailable, trainer_version_ensure
 from trainer.schema import Reason, json_digest
 
@@ -174,6 +181,16 @@ class DrillLifecycle(SlurmLifecycle[RestoreDrill]):
         except EnvironmentRefused as refused:
             raise WontSubmit(Reason.INFRASTRUCTURE_ERROR, str(refused)) from None
         transport.makedirs(spec.run_dir, mode=0o700)
+        account = self.run_as(obj)
+        if account:
+            # The watcher lists the drill's directory as the service account, in one
+            # batched command for every account (runs.rundir_batch).
+            service_read_grant(
+                transport,
+                area=user_area(cluster.workdir, account),
+                directory=spec.run_dir,
+                service_account=cluster.ssh_user,
+            )
         transport.put_bytes(f"{spec.run_dir}/{REFERENCE_NAME}", reference_bytes)
         values = {"trainer_digest": digest, "reference_digest": json_digest(reference)}
         RestoreDrill.objects.filter(id=obj.id).update(**values)

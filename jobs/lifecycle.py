@@ -23,6 +23,7 @@ from runs.runtime import (
     UserAreaError,
     render_sbatch,
     run_dir,
+    service_read_grant,
     trainer_ensure_uploaded,
     user_area_ensure,
 )
@@ -127,10 +128,18 @@ class JobLifecycle(SlurmLifecycle[Job]):
             raise WontSubmit(error.code, str(error)) from None
         if obj.run_as:
             try:
-                user_area_ensure(shared, transport, cluster.workdir, obj.run_as)
+                area = user_area_ensure(
+                    shared, transport, cluster.workdir, obj.run_as, service_account=cluster.ssh_user
+                )
             except UserAreaError as error:
                 raise WontSubmit(Reason.INFRASTRUCTURE_ERROR, str(error)) from None
         transport.makedirs(directory, mode=0o700)
+        if obj.run_as:
+            # Made 0700, which voids the area's default ACL for the service account: the
+            # watcher reads the run directory in its one batched command (runs.rundir_batch).
+            service_read_grant(
+                transport, area=area, directory=directory, service_account=cluster.ssh_user
+            )
         transport.put_bytes(f"{directory}/config.json", json.dumps(obj.config, indent=2).encode())
         transport.put_bytes(f"{directory}/job.sbatch", script.encode(), mode=0o755)
         return f"{directory}/job.sbatch"

@@ -1,7 +1,11 @@
 """The watcher's reading of jobs' run directories: what the cycle's one listing
-(``runs.rundir``: metrics size, acceptance, checkpoint manifests; one command per account,
-a run directory being readable by its own account only) shows is new is read over SFTP
-(metric bytes by offset) and handed to ``jobs.ingest``.
+(``runs.rundir``: metrics size, acceptance, checkpoint manifests) shows is new is read and
+handed to ``jobs.ingest``. Directories the batched reader listed (``runs.rundir_batch``: one
+command as the service account, which the owners let read their run directories) have
+their new bytes read by it too, in one more command for all of them (each file bounded:
+``METRICS_BATCH_MAX_BYTES`` of metrics per job and cycle, the evidence limits below for
+the rest); the others, and a file the service account may not read, over SFTP as the
+job's own account, as before (metric bytes by offset, the rest ``read_bounded``).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from nodes.cluster_access import transport_as
 from nodes.models import Cluster
 from nodes.slurm import errors as slurm_errors
 from runs.rundir import RunDirectories, RunDirectory
+from runs.rundir_batch import FileRead, FileRequest
 from runs.runtime import run_dir
 
 logger = logging.getLogger(__name__)
@@ -35,11 +40,18 @@ class RunFilesResult:
     errors: list[str] = field(default_factory=list)
     # Jobs whose run directory the listing reached this time (read or not).
     seen: set[Any] = field(default_factory=set)
+    # Files of directories the batched reader listed that it could not read (no grant on
+    # them), read as the job's account instead.
+    owner_reads: int = 0
+    # What each of those directories showed, by job (heartbeats, srun's error lines).
+    listed: dict[Any, RunDirectory] = field(default_factory=dict)
 
 
 # The most of a user-written file the worker reads as evidence (see ``read_bounded``).
 ACCEPTANCE_MAX_BYTES = 1 << 20
 MANIFEST_MAX_BYTES = 16 << 20
+# The most of one job's metrics the batched reader reads in a cycle (the rest next cycle).
+METRICS_BATCH_MAX_BYTES = 8 << 20
 
 
 def _json_evidence(
@@ -131,22 +143,39 @@ def run_directories_of(cluster: Cluster, jobs: list[Job]) -> list[tuple[str, Any
 def run_files_read(
     *, cluster: Cluster, jobs: list[Job], listing: RunDirectories | None = None
 ) -> RunFilesResult:
-    """Read what is new in the run directories of ``jobs``, as each job's account: what
-    the cycle's ``listing`` shows (listed now, one command per account, where it was not
-    yet), then SFTP reads of new metric bytes, the acceptance manifest and new checkpoint
-    manifests. A job that has ended is marked ``files_final`` after this read: nothing
-    more will appear. An account Gantry cannot log in as, or whose listing failed, is an
-    error of its jobs only (they are read next cycle); the other accounts' jobs are read."""
+    """Read what is new in the run directories of ``jobs``: what the cycle's ``listing``
+    shows (listed now where it was not yet), then the new metric bytes, the acceptance
+    manifest and new checkpoint manifests: through the batched reader where it listed the
+    directory, else over SFTP as each job's account. A job that has ended is marked
+    ``files_final`` after a complete read: nothing more will appear. An account Gantry
+    cannot log in as, or whose listing failed, is an error of its jobs only (they are read
+    next cycle); the other accounts' jobs are read."""
     result = RunFilesResult()
     listing = listing if listing is not None else RunDirectories()
     listed = listing.look(run_directories_of(cluster, jobs), result.errors)
+    directories = {job.id: run_dir(cluster.workdir, str(job.id), job.run_as) for job in jobs}
+    # A directory the listing could not reach is unknown, not empty: read next cycle.
+    jobs = [job for job in jobs if directories[job.id] in listed]
+    result.seen.update(job.id for job in jobs)
+    result.listed.update({job.id: listed[directories[job.id]] for job in jobs})
+    known: dict[Any, set[str]] = {job.id: set() for job in jobs}
+    for job_id, step in Checkpoint.objects.filter(job__in=jobs).values_list("job_id", "step"):
+        known[job_id].add(f"step-{step:06d}")
+    fresh = Job.objects.select_related("cluster").in_bulk([job.id for job in jobs])
+    jobs = [fresh.get(job.id, job) for job in jobs]
+    batched = [job for job in jobs if listing.batched(directories[job.id])]
+    files = _batch_read(batched, directories, listed, known, listing, result)
     by_account: dict[str, list[Job]] = {}
     for job in jobs:
         by_account.setdefault(job.run_as, []).append(job)
     for account, group in by_account.items():
+        owner = _LazyOwner(cluster, account)
         try:
-            transport = transport_as(cluster, account)
-            _read_group(cluster, group, transport, result, listed)
+            for job in group:
+                source = files.get(job.id) or owner
+                if isinstance(source, PrefetchedFiles):
+                    source.fallback = owner
+                _read_one(job, listed[directories[job.id]], source, result, known[job.id])
         except slurm_errors.SlurmError as error:
             if not account:
                 raise
@@ -155,31 +184,146 @@ def run_files_read(
     return result
 
 
-def _read_group(
-    cluster: Cluster,
-    jobs: list[Job],
-    transport: Any,
-    result: RunFilesResult,
-    listed: dict[str, RunDirectory],
+def _read_one(
+    job: Job, files: RunDirectory, source: Any, result: RunFilesResult, known: set[str]
 ) -> None:
-    directories = {job.id: run_dir(cluster.workdir, str(job.id), job.run_as) for job in jobs}
-    # A directory the listing could not reach is unknown, not empty: read next cycle.
-    jobs = [job for job in jobs if directories[job.id] in listed]
-    result.seen.update(job.id for job in jobs)
-    known: dict[Any, set[str]] = {job.id: set() for job in jobs}
-    for job_id, step in Checkpoint.objects.filter(job__in=jobs).values_list("job_id", "step"):
-        known[job_id].add(f"step-{step:06d}")
-    fresh = Job.objects.select_related("cluster").in_bulk([job.id for job in jobs])
-    for job in jobs:
-        job = fresh.get(job.id, job)
+    try:
+        _read_run_files(job, files, source, result, known)
+    except slurm_errors.SlurmError:
+        raise
+    except Exception as error:
+        # One job's unreadable files never stop the others; it is tried again next cycle.
+        logger.exception("job %s: reading its run directory failed", job.id)
+        result.errors.append(f"job {job.id}: {type(error).__name__}: {error}")
+        return
+    if isinstance(source, PrefetchedFiles):
+        result.errors += [f"job {job.id}: {error}" for error in source.errors]
+        result.owner_reads += source.fallback_reads
+    if job.is_final and not getattr(source, "incomplete", False):
+        Job.objects.filter(id=job.id).update(files_final=True)
+
+
+class _LazyOwner:
+    """The job's account's transport, resolved (and logged in) only when a read needs it."""
+
+    def __init__(self, cluster: Cluster, account: str) -> None:
+        self.cluster, self.account = cluster, account
+        self._transport: Any = None
+
+    def _get(self) -> Any:
+        if self._transport is None:
+            self._transport = transport_as(self.cluster, self.account)
+        return self._transport
+
+    def read_from(self, path: str, offset: int, max_bytes: int) -> bytes:
+        data: bytes = self._get().read_from(path, offset, max_bytes)
+        return data
+
+    def read_bounded(self, path: str, max_bytes: int) -> bytes:
+        data: bytes = self._get().read_bounded(path, max_bytes)
+        return data
+
+
+class PrefetchedFiles:
+    """A job's files as the batched reader read them, answering ``read_from`` and
+    ``read_bounded`` as the SFTP transport does. A file the service account may not read
+    is read as the job's own account (``fallback``); a read the batch deferred, or past the
+    bytes it fetched, marks the job ``incomplete`` (not final yet: read next cycle)."""
+
+    def __init__(self, directory: str, reads: dict[str, FileRead], sizes: dict[str, int]) -> None:
+        self.directory = directory
+        self.reads = reads
+        self.sizes = sizes
+        self.fallback: Any = None
+        self.incomplete = False
+        self.fallback_reads = 0
+        self.errors: list[str] = []
+
+    def _answer(self, path: str) -> FileRead | None:
+        name = path.removeprefix(self.directory + "/")
+        return self.reads.get(name) if name != path else None
+
+    def read_from(self, path: str, offset: int, max_bytes: int) -> bytes:
+        read = self._answer(path)
+        if read is not None and read.code == "denied" and self.fallback is not None:
+            self.fallback_reads += 1
+            data: bytes = self.fallback.read_from(path, offset, max_bytes)
+            return data
+        if read is None or read.data is None:
+            if read is not None and read.code == "refused":
+                self.errors.append(f"{path}: {read.error}")
+            self.incomplete = True
+            return b""
+        start = offset - read.offset
+        if start < 0 or start > len(read.data):
+            self.incomplete = True
+            return b""
+        chunk = read.data[start : start + max_bytes]
+        if not chunk and offset < self.sizes.get(path, 0):
+            self.incomplete = True
+        return chunk
+
+    def read_bounded(self, path: str, max_bytes: int) -> bytes:
+        read = self._answer(path)
+        if read is not None and read.data is not None:
+            return read.data
+        if read is not None and read.code == "absent":
+            raise slurm_errors.RemoteFileNotFound(f"{path} does not exist", path=path)
+        if read is not None and read.code == "refused":
+            raise slurm_errors.RemoteFileRefused(f"{path}: {read.error}", path=path)
+        if (read is None or read.code == "denied") and self.fallback is not None:
+            self.fallback_reads += 1
+            data: bytes = self.fallback.read_bounded(path, max_bytes)
+            return data
+        # Deferred past the reader's budget: as if not there yet, read next cycle.
+        self.incomplete = True
+        raise slurm_errors.RemoteFileNotFound(f"{path}: not read this cycle", path=path)
+
+
+def _wanted(job: Job, files: RunDirectory, known: set[str]) -> list[FileRequest]:
+    """What ``_read_run_files`` will read of this job: the same choices, as requests."""
+    wanted = []
+    if files.metrics_size is not None and files.metrics_size > job.metrics_offset:
+        size = min(files.metrics_size - job.metrics_offset, METRICS_BATCH_MAX_BYTES)
+        wanted.append(FileRequest("metrics.jsonl", size, offset=job.metrics_offset))
+    if files.acceptance and job.acceptance is None:
+        wanted.append(FileRequest("acceptance.json", ACCEPTANCE_MAX_BYTES, whole=True))
+    for manifest in files.manifests:
+        step_dir = manifest.rsplit("/", 2)[-2]
+        if step_dir not in known:
+            name = f"checkpoints/{step_dir}/manifest.json"
+            wanted.append(FileRequest(name, MANIFEST_MAX_BYTES, whole=True))
+    return wanted
+
+
+def _batch_read(
+    jobs: list[Job],
+    directories: dict[Any, str],
+    listed: dict[str, RunDirectory],
+    known: dict[Any, set[str]],
+    listing: RunDirectories,
+    result: RunFilesResult,
+) -> dict[Any, PrefetchedFiles]:
+    """One command (more only past the reader's budget) for the new bytes of every job the
+    batched reader listed; {} for none, or when that command failed (each job is then
+    read as its account)."""
+    requests = {
+        directories[job.id]: _wanted(job, listed[directories[job.id]], known[job.id])
+        for job in jobs
+    }
+    requests = {directory: wanted for directory, wanted in requests.items() if wanted}
+    answers: dict[str, dict[str, FileRead]] = {}
+    if requests:
         try:
-            _read_run_files(job, listed[directories[job.id]], transport, result, known[job.id])
-        except slurm_errors.SlurmError:
-            raise
-        except Exception as error:
-            # One job's unreadable files never stop the others; it is tried again next cycle.
-            logger.exception("job %s: reading its run directory failed", job.id)
-            result.errors.append(f"job {job.id}: {type(error).__name__}: {error}")
-            continue
-        if job.is_final:
-            Job.objects.filter(id=job.id).update(files_final=True)
+            answers = listing.read(requests)
+        except slurm_errors.SlurmError as error:
+            logger.warning("batched reads of run files failed: %s", error)
+            result.errors.append(f"batched reads of run files: {error}")
+            return {}
+    files: dict[Any, PrefetchedFiles] = {}
+    for job in jobs:
+        directory = directories[job.id]
+        size = listed[directory].metrics_size
+        sizes = {f"{directory}/metrics.jsonl": size} if size is not None else {}
+        files[job.id] = PrefetchedFiles(directory, answers.get(directory, {}), sizes)
+    return files

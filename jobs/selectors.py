@@ -93,13 +93,16 @@ def job_list(
     return jobs
 
 
-def job_list_versions(jobs: QuerySet[Job]) -> QuerySet[Job, dict[str, Any]]:
+def job_list_versions(
+    jobs: QuerySet[Job], *, also: Sequence[str] = ()
+) -> QuerySet[Job, dict[str, Any]]:
     """``jobs`` as ``values()`` rows that change whenever what the job list shows of a job
     changes: its id, ``created_at`` (the list's order) and a digest of its whole row
     (PostgreSQL hashes the row itself; elsewhere the columns come along), with the names
-    the list shows of its owner, cluster and resumed checkpoint. Cheap to read for a page
-    (no model objects), so a client's copy of a page can be checked before serializing."""
-    related = ("owner__username", "cluster__name", "resume_from__step")
+    the list shows of its owner, cluster and resumed checkpoint (``also``: and these
+    related fields). Cheap to read for a page (no model objects), so a client's copy of a
+    page can be checked before serializing."""
+    related = ("owner__username", "cluster__name", "resume_from__step", *also)
     if connection.vendor == "postgresql":
         # Raw SQL, kept for a measured target (the job list API's capacity at 100k jobs,
         # bench/web_bench.py): the database hashes the row instead of sending every column.

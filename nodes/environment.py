@@ -154,6 +154,9 @@ HARD_DENIED_NAMES: dict[str, str] = {
         ),
         _LOADS_CODE,
     ),
+    # The node probe's programs (trainer/probe.py): set by whoever starts the probe (an
+    # operator, the dev cluster's stand-in), never by a researcher's job.
+    **dict.fromkeys(("GANTRY_NVIDIA_SMI", "GANTRY_DMESG"), "names a program to run"),
     **dict.fromkeys(
         (
             "MASTER_ADDR",

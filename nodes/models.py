@@ -258,7 +258,18 @@ class Switch(models.Model):
         return f"{self.cluster.name}/{self.name}"
 
 
+class HealthState(models.TextChoices):
+    """A node's GPU health as the last probe judged it (``health.evaluate.State``)."""
+
+    OK = "ok", "ok"
+    WARNING = "warning", "warning"
+    CRITICAL = "critical", "critical"
+    UNKNOWN = "unknown", "unknown (never probed, or the probe could not tell)"
+
+
 class Node(models.Model):
+    HealthState = HealthState
+
     class State(models.TextChoices):
         IDLE = "idle"
         MIXED = "mixed"
@@ -296,6 +307,12 @@ class Node(models.Model):
     )
     last_seen_at = models.DateTimeField(null=True, blank=True)
     state_changed_at = models.DateTimeField(null=True, blank=True)
+    # GPU/node health from the node probe (``health.services.probe_record`` sets it; the
+    # health app holds the evidence). Here so placement, below health, can read it:
+    # critical nodes are avoided, warning ones dispreferred, unknown (never probed) neutral.
+    health_state = models.CharField(
+        max_length=16, choices=HealthState.choices, default=HealthState.UNKNOWN
+    )
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:

@@ -88,6 +88,7 @@ def placement_inputs(
                 memory_free_mb=max(0, node.memory_mb - node.memory_alloc_mb),
                 intra_node_link=links.get(node.id, "unknown"),
                 free_at=free_at.get(node.name),
+                health=node.health_state,
             )
         )
     return infos, switch_infos

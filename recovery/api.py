@@ -107,6 +107,7 @@ class RecoveryPolicySerializer(serializers.ModelSerializer):
             "exclude_suspects",
             "hang_factor",
             "hang_floor_seconds",
+            "loss_spike_factor",
             "startup_grace_seconds",
             "updated_at",
         ]

@@ -17,8 +17,10 @@ from recovery.services import (
     divergences_open,
     hang_open,
     incidents_advance,
+    spikes_open,
     stragglers_open,
 )
+from runs.rundir import RunDirectory
 
 logger = logging.getLogger(__name__)
 
@@ -29,23 +31,33 @@ class RecoveryResult:
     advanced: int = 0
 
 
-def recovery_cycle(*, cluster: Cluster, seen: set[Any], now: datetime) -> RecoveryResult:
+def recovery_cycle(
+    *,
+    cluster: Cluster,
+    seen: set[Any],
+    now: datetime,
+    listed: dict[Any, RunDirectory] | None = None,
+) -> RecoveryResult:
     """``seen``: the jobs whose run directories this cycle's listing reached (the only ones
-    whose quiet can count as a hang)."""
+    whose quiet can count as a hang); ``listed``: what those directories showed, by job."""
     result = RecoveryResult()
     # A diverged run first: a job whose loss went NaN and then crashed is one incident.
     result.opened += divergences_open(cluster=cluster, now=now)
-    result.opened += crashes_open(cluster=cluster, now=now)
+    result.opened += crashes_open(cluster=cluster, now=now, listed=listed)
     running = list(
         Job.objects.filter(cluster=cluster, state=Job.State.RUNNING)
         .exclude(slurm_job_id="")
         .select_related("cluster", "resume_from")
     )
+    policy = policy_for(cluster)
+    result.opened += spikes_open(jobs=running, policy=policy, now=now)
     result.opened += stragglers_open(jobs=running, now=now)
     progress = progress_update(jobs=running, seen=seen, now=now)
-    policy = policy_for(cluster)
     for job, budget, state in hung_jobs(jobs=running, progress=progress, policy=policy, now=now):
-        if hang_open(job=job, budget=budget, progress=state, policy=policy, now=now):
+        directory = (listed or {}).get(job.id)
+        if hang_open(
+            job=job, budget=budget, progress=state, policy=policy, now=now, directory=directory
+        ):
             result.opened += 1
     result.advanced += incidents_advance(cluster=cluster, now=now)
     return result

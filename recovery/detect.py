@@ -217,3 +217,71 @@ def hung_jobs(
         if quiet > budget.seconds:
             found.append((job, budget, state))
     return found
+
+
+# Logged losses before a step that the spike test compares it with, and how many logged
+# steps in a row must be over the bound (one high point is noise, two are a trend).
+SPIKE_WINDOW = 16
+SPIKE_PERSIST = 2
+
+
+@dataclass(frozen=True)
+class Spike:
+    step: int
+    loss: float
+    median: float
+    factor: float
+
+    def as_evidence(self) -> dict[str, Any]:
+        return {
+            "spike_step": self.step,
+            "loss": self.loss,
+            "median_before": self.median,
+            "factor": self.factor,
+            "window": SPIKE_WINDOW,
+            "persist": SPIKE_PERSIST,
+        }
+
+
+def loss_spike(points: list[tuple[int, float | None]], factor: float) -> Spike | None:
+    """The first logged step (oldest first in ``points``) whose loss is over ``factor`` ×
+    the median of the ``SPIKE_WINDOW`` finite losses before it, with the next logged
+    steps over the same bound too (``SPIKE_PERSIST`` in a row). The warm-up points and
+    steps without a full window are never judged; non-finite losses are the NaN check's."""
+    if factor <= 0:
+        return None
+    finite = [
+        (step, float(loss))
+        for step, loss in points[WARMUP_POINTS:]
+        if loss is not None and math.isfinite(loss)
+    ]
+    for index in range(SPIKE_WINDOW, len(finite) - SPIKE_PERSIST + 1):
+        before = sorted(loss for _, loss in finite[index - SPIKE_WINDOW : index])
+        median = before[len(before) // 2]
+        bound = factor * median
+        if median > 0 and all(loss > bound for _, loss in finite[index : index + SPIKE_PERSIST]):
+            step, loss = finite[index]
+            return Spike(step=step, loss=loss, median=median, factor=factor)
+    return None
+
+
+def spiked_jobs(jobs: list[Job], policy: RecoveryPolicy) -> list[tuple[Job, Spike]]:
+    """Running jobs whose newest logged losses spiked (one query per job), with no
+    incident yet."""
+    if policy.loss_spike_factor <= 0:
+        return []
+    with_incident = set(Incident.objects.filter(job__in=jobs).values_list("job_id", flat=True))
+    found = []
+    for job in jobs:
+        if job.id in with_incident:
+            continue
+        rows = list(
+            MetricPoint.objects.filter(job=job)
+            .order_by("-step")
+            .values_list("step", "loss")[: MEASURED_POINTS + SPIKE_WINDOW]
+        )
+        rows.reverse()
+        spike = loss_spike(rows, policy.loss_spike_factor)
+        if spike is not None:
+            found.append((job, spike))
+    return found

@@ -48,6 +48,13 @@ class RecoveryPolicy(models.Model):
     startup_grace_seconds = models.PositiveIntegerField(
         default=1800, validators=[MinValueValidator(60)]
     )
+    # A loss spike: a logged loss over this × the median of the logged losses before it
+    # (``recovery.detect.loss_spike``), on two logged steps in a row; 0 turns it off.
+    loss_spike_factor = models.FloatField(
+        default=4.0,
+        validators=[MinValueValidator(0.0)],
+        help_text="0: off. A loss over this × the median of the recent losses, twice in a row.",
+    )
     updated_at = models.DateTimeField(auto_now=True)
     updated_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
@@ -76,6 +83,7 @@ class Incident(models.Model):
         TIMEOUT = "timeout", "time limit"
         HANG = "hang", "hang (no progress)"
         NONFINITE_LOSS = "nonfinite_loss", "loss not finite"
+        LOSS_SPIKE = "loss_spike", "loss spike"
         STRAGGLER = "straggler", "straggler (a rank persistently slower than its peers)"
 
     class Outcome(models.TextChoices):

@@ -24,6 +24,7 @@ POLICY_FIELDS = (
     "exclude_suspects",
     "hang_factor",
     "hang_floor_seconds",
+    "loss_spike_factor",
     "startup_grace_seconds",
 )
 

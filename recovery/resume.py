@@ -5,6 +5,7 @@ once: the incident is claimed by a conditional update in the same transaction)."
 from __future__ import annotations
 
 import logging
+import math
 from datetime import datetime
 
 from django.db import transaction
@@ -15,7 +16,7 @@ from drills.models import RestoreDrill
 from drills.services import restore_drill_start
 from jobs.goodput.ledger import job_gpus
 from jobs.lifecycle import job_event
-from jobs.models import Checkpoint, Job, JobEvent
+from jobs.models import Checkpoint, Job, JobEvent, MetricPoint
 from jobs.recovery_settings import RecoverySettings
 from jobs.services import job_resume
 from recovery.incidents import incident_move, lineage_jobs
@@ -71,9 +72,10 @@ def choose_checkpoint(incident: Incident, job: Job, now: datetime) -> Checkpoint
     found = Checkpoint.objects.filter(job__in=lineage, deleted_at__isnull=True).exclude(
         integrity=Checkpoint.Integrity.FAILED
     )
-    if job.nonfinite_loss_step is not None:
-        # Saved at or after the divergence: its state may hold the NaN.
-        found = found.filter(step__lt=job.nonfinite_loss_step)
+    trusted_below = divergence_bound(job, _first_bad_step(incident, job))
+    if trusted_below is not None:
+        # Saved at or after the last step that showed the weights finite: may hold the NaN.
+        found = found.filter(step__lt=trusted_below)
     candidates = list(found.order_by("-step", "-registered_at"))
     skipped = dict(incident.skipped or {})
     proven = next((c for c in candidates if c.last_proven_at is not None), None)
@@ -104,6 +106,37 @@ def choose_checkpoint(incident: Incident, job: Job, now: datetime) -> Checkpoint
         + "); recovery never resumes from an unproven checkpoint"
         + verifier
     )
+
+
+def _first_bad_step(incident: Incident, job: Job) -> int | None:
+    """The first logged step whose loss was wrong: not finite, or a spike's first step."""
+    steps = [job.nonfinite_loss_step]
+    if incident.signal == Incident.Signal.LOSS_SPIKE:
+        spike = (incident.evidence or {}).get("spike_step")
+        steps.append(spike if isinstance(spike, int) else None)
+    known = [step for step in steps if step is not None]
+    return min(known) if known else None
+
+
+def divergence_bound(job: Job, first_bad: int | None) -> int | None:
+    """For a job whose loss went wrong at logged step ``first_bad`` (not finite, or a
+    spike), the step below which its checkpoints are trusted. The weights saved at step s
+    are first used by the forward pass of step s + 1, so only a sound loss logged after s
+    shows them sound: the bound is the last step before ``first_bad`` that logged a finite
+    loss (or, with none, the step the job resumed from, plus one: the checkpoints it
+    started from)."""
+    if first_bad is None:
+        return None
+    losses = (
+        MetricPoint.objects.filter(job=job, step__lt=first_bad)
+        .order_by("-step")
+        .values_list("step", "loss")[:256]
+    )
+    for step, loss in losses:
+        if isinstance(loss, float) and math.isfinite(loss):
+            return int(step)
+    started = job.resume_from.step if job.resume_from_id and job.resume_from else 0
+    return started + 1
 
 
 def _prove_first(

@@ -13,6 +13,7 @@ exactly-once submission).
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -28,10 +29,21 @@ from jobs.recovery_settings import OnHang, RecoverySettings
 from jobs.stragglers import STRAGGLER_MARGIN, stragglers
 from nodes.models import Cluster, Node
 from nodes.slurm.hostlist import expand
-from recovery.detect import HangBudget, crashed_jobs, diverged_jobs, policy_for, signal_of
+from recovery.detect import (
+    SPIKE_PERSIST,
+    SPIKE_WINDOW,
+    HangBudget,
+    crashed_jobs,
+    diverged_jobs,
+    policy_for,
+    signal_of,
+    spiked_jobs,
+)
+from recovery.evidence import crash_suspects, hang_suspects
 from recovery.incidents import incident_move, job_recovery_settings, lineage_root
 from recovery.models import Incident, JobProgress, RecoveryPolicy, SuspectNode
 from recovery.resume import resume_on_proof
+from runs.rundir import RunDirectory
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +61,7 @@ def _open(
     evidence: dict[str, Any],
     outcome: str = Incident.Outcome.OPEN,
     reason: str = "",
+    named: list[tuple[str, str]] | None = None,
 ) -> Incident | None:
     """The incident of ``job``, once (the unique constraint makes a second one a no-op)."""
     root = lineage_root(job)
@@ -70,15 +83,8 @@ def _open(
         )
         if not created:
             return None
-        suspects = _suspects(job, signal)
-        if suspects:
-            Incident.objects.filter(pk=incident.pk).update(
-                suspect_nodes=[node.name for node, _ in suspects]
-            )
-            for node, why in suspects:
-                SuspectNode.objects.get_or_create(
-                    node=node, incident=incident, defaults={"evidence": why}
-                )
+        found: list[tuple[Node | str, str]] = [*_suspects(job, signal), *(named or [])]
+        _name_suspects(incident, job, found)
         job_event(job, JobEvent.Kind.INCIDENT, message=f"incident: {detail}"[:4000])
     logger.warning("job %s: incident opened (%s): %s", job.id, signal, detail)
     return incident
@@ -108,8 +114,11 @@ def _suspects(job: Job, signal: str) -> list[tuple[Node, str]]:
     return found
 
 
-def crashes_open(*, cluster: Cluster, now: datetime) -> int:
-    """An incident for each job that just ended in a failure of its own."""
+def crashes_open(
+    *, cluster: Cluster, now: datetime, listed: dict[Any, RunDirectory] | None = None
+) -> int:
+    """An incident for each job that just ended in a failure of its own; ``listed``, the
+    run directories this cycle's listing reached, by job (the evidence of which rank)."""
     opened = 0
     policy = policy_for(cluster)
     for job in crashed_jobs(cluster, now):
@@ -139,6 +148,7 @@ def crashes_open(*, cluster: Cluster, now: datetime) -> int:
             evidence=evidence,
             outcome=outcome,
             reason=reason,
+            named=crash_suspects(job, (listed or {}).get(job.id)),
         ):
             opened += 1
     return opened
@@ -168,6 +178,35 @@ def divergences_open(*, cluster: Cluster, now: datetime) -> int:
             now=now,
             detail=detail,
             evidence={"step": step, "state": job.state, "last_step": job.last_step},
+            outcome=outcome,
+            reason=reason,
+        ):
+            opened += 1
+    return opened
+
+
+def spikes_open(*, jobs: list[Job], policy: RecoveryPolicy, now: datetime) -> int:
+    """An incident for each running job whose loss spiked past the policy's bound."""
+    opened = 0
+    for job, spike in spiked_jobs(jobs, policy):
+        settings = job_recovery_settings(job, policy)
+        point = MetricPoint.objects.filter(job=job, step=spike.step).values_list("wall_time")
+        found = point.first()
+        outcome, reason = Incident.Outcome.OPEN, ""
+        if not settings.enabled:
+            outcome, reason = Incident.Outcome.NOT_RECOVERED, "recovery is off for this job"
+        if _open(
+            job,
+            signal=Incident.Signal.LOSS_SPIKE,
+            stopped_at=min(found[0], now) if found and found[0] else now,
+            now=now,
+            detail=(
+                f"the loss at step {spike.step} is {spike.loss:.4g}, over {spike.factor:g} × "
+                f"the median {spike.median:.4g} of the {SPIKE_WINDOW} logged losses before "
+                f"it, and stayed over for {SPIKE_PERSIST} logged steps: it resumes from a "
+                "proven checkpoint before that step"
+            ),
+            evidence=spike.as_evidence(),
             outcome=outcome,
             reason=reason,
         ):
@@ -213,25 +252,48 @@ def stragglers_open(*, jobs: list[Job], now: datetime) -> int:
 
 
 def _name_stragglers(incident: Incident, job: Job, slow: list[dict[str, Any]]) -> None:
-    names = sorted({str(item.get("node")) for item in slow})
-    nodes = Node.objects.filter(cluster=job.cluster, name__in=names)
-    for node in nodes:
-        figures = [item for item in slow if item.get("node") == node.name]
-        SuspectNode.objects.get_or_create(
-            node=node,
-            incident=incident,
-            defaults={
-                "evidence": f"job {job.slurm_job_id}: rank(s) "
+    named: list[tuple[Node | str, str]] = []
+    for name in sorted({str(item.get("node")) for item in slow}):
+        figures = [item for item in slow if item.get("node") == name]
+        named.append(
+            (
+                name,
+                f"job {job.slurm_job_id}: rank(s) "
                 + ", ".join(str(item["rank"]) for item in figures)
-                + f" on {node.name} slower than their peers by more than "
-                f"{STRAGGLER_MARGIN:.0%} for {figures[0].get('streak')} logged intervals"
-            },
+                + f" on {name} slower than their peers by more than "
+                f"{STRAGGLER_MARGIN:.0%} for {figures[0].get('streak')} logged intervals",
+            )
         )
-    Incident.objects.filter(pk=incident.pk).update(suspect_nodes=[n.name for n in nodes])
+    _name_suspects(incident, job, named)
+
+
+def _name_suspects(incident: Incident, job: Job, named: Sequence[tuple[Node | str, str]]) -> None:
+    """Record the nodes ``named`` (a node or a node name of the job's cluster, with the
+    evidence in words) as suspects of ``incident``."""
+    if not named:
+        return
+    names = {item[0] if isinstance(item[0], str) else item[0].name for item in named}
+    nodes = {n.name: n for n in Node.objects.filter(cluster=job.cluster, name__in=names)}
+    recorded: list[str] = list(incident.suspect_nodes or [])
+    for item, why in named:
+        node = nodes.get(item if isinstance(item, str) else item.name)
+        if node is None:
+            continue
+        SuspectNode.objects.get_or_create(node=node, incident=incident, defaults={"evidence": why})
+        if node.name not in recorded:
+            recorded.append(node.name)
+    Incident.objects.filter(pk=incident.pk).update(suspect_nodes=recorded)
+    incident.suspect_nodes = recorded
 
 
 def hang_open(
-    *, job: Job, budget: HangBudget, progress: JobProgress, policy: RecoveryPolicy, now: datetime
+    *,
+    job: Job,
+    budget: HangBudget,
+    progress: JobProgress,
+    policy: RecoveryPolicy,
+    now: datetime,
+    directory: RunDirectory | None = None,
 ) -> Incident | None:
     """An incident for a running job whose metrics stopped growing past its budget."""
     settings = job_recovery_settings(job, policy)
@@ -270,6 +332,7 @@ def hang_open(
         evidence=evidence,
         outcome=outcome,
         reason=reason,
+        named=hang_suspects(job, directory),
     )
 
 

@@ -6,9 +6,12 @@ imported here, so the script a preview shows is byte for byte the script that ru
 
 from __future__ import annotations
 
+import logging
+import posixpath
 import re
 import shlex
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -18,7 +21,11 @@ from nodes.environment import NAME as ENV_NAME
 from nodes.environment import environment_name_refused
 from nodes.slurm.errors import SftpError
 
+logger = logging.getLogger(__name__)
+
 TRAINER_SOURCE = Path(trainer.__file__).resolve().parent
+# How long the service account's read grant (one setfacl over a few directories) may take.
+GRANT_TIMEOUT_S = 60
 
 
 # A cluster account, as it appears in paths (the same rule as a certificate principal).
@@ -253,7 +260,20 @@ class UserAreaError(Exception):
     made): the message says what the cluster's admin can do."""
 
 
-class AreaTransport(FileTransport, Protocol):
+class ExecResultLike(Protocol):
+    @property
+    def rc(self) -> int: ...
+    @property
+    def stderr(self) -> str: ...
+
+
+class GrantTransport(Protocol):
+    def exec(
+        self, argv: Sequence[str], *, timeout: float | None = None, check: bool = True
+    ) -> ExecResultLike: ...
+
+
+class AreaTransport(FileTransport, GrantTransport, Protocol):
     def lstat(self, path: str) -> StatLike | None: ...
     def chmod(self, path: str, mode: int) -> None: ...
 
@@ -268,8 +288,54 @@ class StatLike(Protocol):
 _areas_ready: set[tuple[int, str]] = set()
 
 
-def user_area_ensure(shared: AreaTransport, own: AreaTransport, workdir: str, account: str) -> str:
-    """Make sure ``account``'s area exists, is a real directory, is its own and is 0700.
+def service_read_grant(
+    own: GrantTransport, *, area: str, directory: str = "", service_account: str
+) -> bool:
+    """As the area's owner: let the cluster's service account list and read ``area`` and
+    every directory from it down to ``directory`` (``u:<service>:rX``), and what is made
+    in them later (the same as a default ACL), so the watcher's batched reader
+    (``runs.rundir_batch``) reads them in one command as the service account. No one else
+    gains anything: the area stays 0700 to its group and to others. setfacl recomputes the
+    ACL mask, which a ``chmod`` or a directory made with mode 0700 leaves at nothing (that
+    would void every named entry, the drill verifier's included). argv only, no shell.
+
+    Best effort: False (logged) where it fails (no setfacl, a file system without ACLs);
+    the watcher then lists that account's directories as the account, as before."""
+    top = area.rstrip("/")
+    paths = [top]
+    if directory:
+        normal = posixpath.normpath(directory)
+        if normal != directory.rstrip("/") or not normal.startswith(top + "/"):
+            raise ValueError(f"{directory} is not inside the area {area}")
+        parts = normal[len(top) + 1 :].split("/")
+        paths += [posixpath.join(top, *parts[:depth]) for depth in range(1, len(parts) + 1)]
+    entry = f"u:{service_account}:rX"
+    argv = ["setfacl", "-m", f"{entry},d:{entry}", "--", *paths]
+    result = own.exec(argv, check=False, timeout=GRANT_TIMEOUT_S)
+    if result.rc != 0:
+        logger.warning(
+            "could not let %s read %s (setfacl exited %s: %s); its run directories are "
+            "listed as their owner",
+            service_account,
+            paths[-1],
+            result.rc,
+            (result.stderr or "").strip()[:300],
+        )
+        return False
+    return True
+
+
+def user_area_ensure(
+    shared: AreaTransport,
+    own: AreaTransport,
+    workdir: str,
+    account: str,
+    *,
+    service_account: str = "",
+) -> str:
+    """Make sure ``account``'s area exists, is a real directory, is its own and is 0700,
+    and (given ``service_account``) that the service account may read it
+    (``service_read_grant``, after the chmod, which would void it).
 
     ``shared``: the service account (it owns the work directory and makes ``users/``
     world-writable with the sticky bit, like /tmp, so each account can make its own entry
@@ -298,6 +364,8 @@ def user_area_ensure(shared: AreaTransport, own: AreaTransport, workdir: str, ac
             f"cannot set up {area} as {account} ({error}); the cluster's admin can create it "
             f"owned by {account} with mode 0700, or make {users} mode 1777"
         ) from error
+    if service_account and service_account != account:
+        service_read_grant(own, area=area, service_account=service_account)
     _areas_ready.add(key)
     return area
 

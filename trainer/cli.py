@@ -1,7 +1,8 @@
-"""Command line: ``python -m trainer {train,drill,verify,describe,presets}``.
+"""Command line: ``python -m trainer {train,drill,verify,collectives,describe,presets}``.
 
 Exit codes: 0 ok; 1 failed (drill verdict failed, verify found a bad checkpoint, a checkpoint
-save failed); 5 a drill could not judge (inconclusive); 2 invalid input (config, unusable
+save failed, a collective returned a wrong result); 5 a drill could not judge, or collectives
+measured nothing (inconclusive); 2 invalid input (config, unusable
 --resume checkpoint, bad arguments);
 3 infrastructure error (distributed init, unexpected exception); 4 another live trainer
 holds the run directory (a duplicate Slurm job: refused before writing anything).
@@ -71,11 +72,53 @@ def build_parser() -> argparse.ArgumentParser:
         "--registered-manifest-digest",
         help="the manifest digest Gantry registered (else not_as_registered)",
     )
+    _add_collectives(sub)
     sub.add_parser("describe", help="versions, devices, backend (JSON)")
     sub.add_parser("presets", help="print the config presets and defaults (JSON)")
+    sub.add_parser("probe", help="node health probe: nvidia-smi, topology, XIDs, stack (JSON)")
     c = sub.add_parser("check-config", help="validate a config file; print the full config")
     c.add_argument("config")
     return p
+
+
+def _add_collectives(sub: Any) -> None:
+    from .schema import COLLECTIVE_DTYPES, COLLECTIVE_OPS
+
+    k = sub.add_parser(
+        "collectives", help="all-reduce/all-gather/reduce-scatter/broadcast: busbw, checked"
+    )
+    k.add_argument("--ops", default=",".join(COLLECTIVE_OPS), help="comma-separated subset")
+    k.add_argument("--min-bytes", default="1KiB", help="smallest size (e.g. 4096, 1KiB)")
+    k.add_argument("--max-bytes", default="256MiB", help="largest size")
+    k.add_argument("--factor", type=int, default=2, help="size multiplier between steps")
+    k.add_argument("--warmup", type=int, default=5, help="untimed calls per op and size")
+    k.add_argument("--iters", type=int, default=20, help="timed calls per op and size")
+    k.add_argument("--dtype", choices=list(COLLECTIVE_DTYPES), default="float32")
+    k.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    k.add_argument(
+        "--max-memory", default="1GiB", help="per rank; sizes that need more are skipped"
+    )
+    k.add_argument("--timeout", type=float, default=300.0, help="seconds per collective")
+    k.add_argument("--out", help="also write the JSON document here (rank 0, atomic)")
+
+
+def _cmd_collectives(args: argparse.Namespace) -> tuple[int, bool]:
+    """(exit code, distributed): rank 0 prints the one JSON document."""
+    from .collectives import OptionError, options_from_args, run
+
+    try:
+        opts = options_from_args(args)
+    except OptionError as exc:
+        _err(str(exc))
+        return EXIT_INPUT, False
+    code, doc, world = run(opts)
+    if doc is not None:
+        if args.out:
+            from .checkpoint import atomic_write_json
+
+            atomic_write_json(args.out, doc)
+        print(json.dumps(doc, indent=2), flush=True)
+    return code, world > 1
 
 
 def _err(msg: str) -> None:
@@ -182,6 +225,10 @@ def _run_distributed(args: argparse.Namespace) -> tuple[int, bool]:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "probe":
+        from .probe import main as probe_main
+
+        return probe_main()
     if args.command == "presets":
         from .config import DEFAULTS, PRESETS
 
@@ -205,7 +252,10 @@ def main(argv: list[str] | None = None) -> int:
         return _cmd_verify(args)
     distributed = False
     try:
-        code, distributed = _run_distributed(args)
+        if args.command == "collectives":
+            code, distributed = _cmd_collectives(args)
+        else:
+            code, distributed = _run_distributed(args)
     except Exception as exc:
         traceback.print_exc()
         _err(f"{type(exc).__name__}: {exc}")

@@ -19,6 +19,12 @@ DRILL_SCHEMA = "gantry-trainer-drill/2"
 DRILL_REFERENCE_SCHEMA = "gantry-drill-reference/1"
 FINGERPRINT_FORMAT = "gantry-state-fingerprint/1"
 ACCEPTANCE_SCHEMA = "gantry-trainer-acceptance/1"
+# ``python -m trainer probe``'s document (trainer/probe.py; read by health.document).
+PROBE_SCHEMA = "gantry-node-probe/1"
+COLLECTIVES_SCHEMA = "gantry-trainer-collectives/1"
+# ``python -m trainer collectives``: the operations (torch.distributed's names) and dtypes.
+COLLECTIVE_OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
+COLLECTIVE_DTYPES = ("float32", "bfloat16")
 
 # Keys of a step line in metrics.jsonl (a line without "event").
 METRIC_KEYS = (

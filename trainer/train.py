@@ -17,6 +17,7 @@ import torch
 from . import checkpoint as ck
 from . import dist
 from .config import Config, validate
+from .heartbeat import Heartbeat
 from .metrics import MetricsWriter
 from .schema import ACCEPTANCE_SCHEMA, Event
 from .session import Session
@@ -162,6 +163,9 @@ class TrainLoop:
     manifest_extra: dict[str, Any]
     target: float
     reported_errors: int = 0
+    # Whether this run started from a checkpoint (the NaN fault is transient: it fires
+    # only in a run that did not resume, as a flipped bit would).
+    resumed: bool = False
     reached: int | None = None
     loss: float = float("nan")
     last_saved: int = 0
@@ -229,6 +233,8 @@ class TrainLoop:
             result = session.train_step()
             self.loss = result["loss"]
             step = session.step
+            if not self.resumed and ck.fault_at("nan_weights", step):
+                poison_weights(session)
             blocking = self._maybe_checkpoint(step)
             if len(self.writer.errors) > self.reported_errors:
                 self.report_checkpoint_errors()
@@ -258,6 +264,15 @@ class TrainLoop:
                     }
                 )
         return time.perf_counter() - t_perf
+
+
+def poison_weights(session: Session) -> None:
+    """Test-only fault (``TRAINER_FAULT=nan_weights@STEP``): one weight of the model becomes
+    NaN after that step's update, as a silent corruption would make it; the losses of the
+    steps after it are NaN for real, and so are the checkpoints saved after it."""
+    with torch.no_grad():
+        first = next(iter(session.model.parameters()))
+        first.view(-1)[0] = float("nan")
 
 
 def _start_events(
@@ -428,7 +443,19 @@ def train(
         f"steps {session.step}->{cfg.steps}",
         rank,
     )
-    started = time.time()
     loop = TrainLoop(session, env, metrics, writer, _manifest_extra(session, device), target)
-    elapsed = loop.run()
+    loop.resumed = point is not None
+    return _run_beating(loop, run_dir)
+
+
+def _run_beating(loop: TrainLoop, run_dir: str) -> int:
+    """The loop, with this rank's heartbeat going while it runs."""
+    started = time.time()
+    session = loop.session
+    heartbeat = Heartbeat(run_dir, loop.env.rank, loop.env.node, lambda: session.step)
+    heartbeat.start()
+    try:
+        elapsed = loop.run()
+    finally:
+        heartbeat.stop()
     return _finish(loop, started, elapsed)

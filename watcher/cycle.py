@@ -1,14 +1,17 @@
 """One watcher cycle for one cluster: every kind of Slurm-tracked object (jobs, drills) in
-one ``squeue`` by job id, at most one ``sacct`` (or, without accounting, one listing of
-exit records per account) and one run-directory listing per account whose jobs are read
-(run directories are readable by their own account only; Slurm is asked as the service
-account, which sees every user's jobs); while an sbatch's outcome is unknown or one
-went out recently, one more ``squeue`` and ``sacct`` by tag; while jobs are pending, one
-``squeue --start`` at most every ``PENDING_REFRESH_SECONDS`` (``jobs.pending_queue``).
-Then SFTP reads of only the new bytes.
+one ``squeue`` by job id, at most one ``sacct`` (or, without accounting, the exit records
+from the run-directory listing) and one listing of every run directory it reads, as the
+service account (``runs.rundir_batch``: the owners let it read their run directories with
+an ACL; it checks ownership and links there), then one command of reads of only the new
+bytes; while an sbatch's outcome is unknown or one went out recently, one more ``squeue``
+and ``sacct`` by tag; while jobs are pending, one ``squeue --start`` at most every
+``PENDING_REFRESH_SECONDS`` (``jobs.pending_queue``). A run directory the service account
+may not read (an area from before the grant, an owner who removed it) is listed and read
+as its own account, one login and command per such account (``directory_fallbacks``).
 
-Cost in remote commands does not grow with the number of jobs (only with the number of
-accounts whose files are read). Safe to re-run anytime:
+Cost in remote commands and SSH logins does not grow with the number of jobs or accounts
+(``commands``, ``logins``; the listing and the reads take more commands only past the
+reader's budget of bytes, see ``runs.rundir_batch``). Safe to re-run anytime:
 every change is a conditional update on the state it was read in. The cycle degrades
 rather than stops: what squeue said is applied even when sacct fails (sacct is then
 retried with back-off and the failure shown on the cluster), and one object's bad data
@@ -33,14 +36,14 @@ from drills.lifecycle import DRILLS
 from jobs.lifecycle import JOBS
 from jobs.models import Job
 from jobs.pending_queue import pending_estimates_refresh
-from jobs.rundir import jobs_to_read, run_directories_of, run_files_read
+from jobs.rundir import RunFilesResult, jobs_to_read, run_directories_of, run_files_read
 from nodes.cluster_access import slurm_client_for, transport_for
 from nodes.models import Cluster
 from nodes.slurm import commands as slurm_commands
 from nodes.slurm import errors as slurm_errors
 from nodes.slurm.client import SlurmClient
 from nodes.slurm.errors import describe_cluster_error
-from nodes.slurm.transport import pool_counters
+from nodes.slurm.transport import SshTransport, pool_counters, pool_logins
 from recovery.cycle import recovery_cycle
 from recovery.models import Incident
 from runs.lifecycle import (
@@ -52,6 +55,7 @@ from runs.lifecycle import (
     slurm_views,
 )
 from runs.rundir import RunDirectories
+from runs.rundir_batch import BatchReader
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +67,10 @@ MAX_ACCOUNTING_BACKOFF_SECONDS = 300
 @dataclass
 class ReconcileResult:
     commands: int = 0
+    # SSH logins (connections opened) during the cycle, every identity.
+    logins: int = 0
+    # Run directories the batched reader could not read, listed as their account instead.
+    directory_fallbacks: int = 0
     # Wall time of this cycle's SSH commands and how many failed at the SSH level.
     ssh_seconds: float = 0.0
     ssh_errors: int = 0
@@ -129,6 +137,7 @@ def _cycle(cluster: Cluster) -> ReconcileResult:
     transport = transport_for(cluster)
     login_node = transport.config.login_node
     before = pool_counters(login_node)
+    logins_before = pool_logins(login_node)
     result.accounting = accounting_mode(cluster, now)
     kind_of = {id(obj): kind for kind, objects in tracked for obj in objects}
     try:
@@ -136,7 +145,7 @@ def _cycle(cluster: Cluster) -> ReconcileResult:
         # One listing of run directories for the rest of the cycle (after the tag lookup,
         # whose own rare listing may come before squeue): the exit records the views need
         # and the files the jobs wrote, one command per account.
-        listing = RunDirectories()
+        listing = RunDirectories(batch=batch_reader(cluster, transport))
         listing.want(run_directories_of(cluster, jobs_to_read(cluster)))
         listing.want(
             [
@@ -168,9 +177,10 @@ def _cycle(cluster: Cluster) -> ReconcileResult:
         result.errors += pending_estimates_refresh(cluster=cluster, client=client, now=now)
         # Jobs that just ended get their files read in this same cycle.
         files = run_files_read(cluster=cluster, jobs=jobs_to_read(cluster), listing=listing)
-        _recover(cluster, files.seen, now, result)
+        _recover(cluster, files, now, result)
     except slurm_errors.SlurmError as error:
         _count_ssh(result, login_node, before)
+        result.logins = pool_logins(login_node) - logins_before
         _reconcile_failed(cluster, result, now, describe_cluster_error(error))
         return result
     result.sftp_reads = files.sftp_reads
@@ -178,19 +188,34 @@ def _cycle(cluster: Cluster) -> ReconcileResult:
     result.metric_points = files.metric_points
     result.checkpoints = files.checkpoints
     result.errors += files.errors
+    result.directory_fallbacks = listing.fallbacks
     _count_ssh(result, login_node, before)
+    result.logins = pool_logins(login_node) - logins_before
     if result.accounting == ACCOUNTING_OK:
         _accounting_answered(cluster)
     _reconcile_done(cluster, result, now)
     return result
 
 
-def _recover(cluster: Cluster, seen: set[Any], now: datetime, result: ReconcileResult) -> None:
+def batch_reader(cluster: Cluster, transport: SshTransport) -> BatchReader | None:
+    """The cycle's batched run-directory reader: as the service account, with the cluster's
+    Python (any Python 3.6+ with the standard library does)."""
+    return BatchReader(
+        transport,
+        workdir=cluster.workdir,
+        service_account=cluster.ssh_user,
+        python=cluster.python,
+    )
+
+
+def _recover(
+    cluster: Cluster, files: RunFilesResult, now: datetime, result: ReconcileResult
+) -> None:
     """Recovery's detection and its open incidents (``recovery.cycle``), on what this cycle
     read. A failure there is logged and listed, never a failed cycle: the watcher's own
     work (states, files) is already applied."""
     try:
-        recovered = recovery_cycle(cluster=cluster, seen=seen, now=now)
+        recovered = recovery_cycle(cluster=cluster, seen=files.seen, now=now, listed=files.listed)
     except slurm_errors.SlurmError:
         raise
     except Exception as error:

@@ -115,6 +115,9 @@ class GoodputBucketsSerializer(serializers.Serializer):
     checkpoint_blocking = serializers.FloatField()
     lost_progress = serializers.FloatField()
     idle = serializers.FloatField()
+    recovery = serializers.FloatField(
+        help_text="an incident's quiet after the last step, and the gap to its resumed job"
+    )
     other = serializers.FloatField()
 
 

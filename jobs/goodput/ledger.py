@@ -21,6 +21,10 @@ Each span is cut into buckets, in seconds:
   again: a job's steps after the checkpoint its successor resumed from, and every step of a
   job that lies off the final timeline (a later job resumed from an earlier checkpoint).
 * ``idle``: a job's end → its resume job's submission.
+* ``recovery``: for a job that had an incident (a crash, hang, divergence or straggler that
+  automatic recovery saw): its newest logged step → its end (a hang's quiet, detection,
+  cancel), and the gap from its end to the submission of the job resumed from it (proving
+  drill, resubmission), which would otherwise be ``idle``.
 * A span ends when Slurm says the job ended, or at its newest logged step if that is
   later (Slurm's times are whole seconds; the trainer's are not); for the same reason its
   running part starts at Slurm's start or at Gantry's submit time, whichever is later.
@@ -62,6 +66,7 @@ BUCKETS = (
     "checkpoint_blocking",
     "lost_progress",
     "idle",
+    "recovery",
     "other",
 )
 
@@ -200,6 +205,8 @@ class JobTimes:
     lost: StepTotals = field(default_factory=StepTotals)
     # The job it was resumed from, for the idle gap before it.
     source_id: str | None = None
+    # Whether automatic recovery opened an incident on this job.
+    incident: bool = False
     # The wall time of the newest logged step: proof the job still ran then, where Slurm's
     # end time (whole seconds) says it had ended already.
     last_step_at: datetime | None = None
@@ -239,17 +246,21 @@ def _clamp(value: float, low: float, high: float) -> float:
     return max(low, min(high, value))
 
 
-def job_ledger(job: JobTimes, *, now: datetime, idle_before_s: float = 0.0) -> Ledger:
-    """The buckets of one job's span (plus the idle gap before it, if it was resumed)."""
+def job_ledger(
+    job: JobTimes, *, now: datetime, idle_before_s: float = 0.0, recovery_gap: bool = False
+) -> Ledger:
+    """The buckets of one job's span (plus the gap before it, if it was resumed: ``idle``,
+    or ``recovery`` when ``recovery_gap``: the job it resumed had an incident)."""
     buckets = dict.fromkeys(BUCKETS, 0.0)
-    buckets["idle"] = max(0.0, idle_before_s)
+    buckets["recovery" if recovery_gap else "idle"] = max(0.0, idle_before_s)
+    gap = max(0.0, idle_before_s)
     span_start = job.submitted_at or job.started_at
     if span_start is None:
-        return Ledger(wall_s=buckets["idle"], buckets=buckets)
+        return Ledger(wall_s=gap, buckets=buckets)
     span = max(0.0, _seconds(job.end(now), span_start))
     if job.started_at is None:
         buckets["queued"] = span
-        return Ledger(wall_s=span + buckets["idle"], buckets=buckets)
+        return Ledger(wall_s=span + gap, buckets=buckets)
     buckets["queued"] = _clamp(_seconds(job.started_at, span_start), 0.0, span)
     running = span - buckets["queued"]
     # Slurm's start is in whole seconds and can read before Gantry's own submit time: the
@@ -280,9 +291,16 @@ def job_ledger(job: JobTimes, *, now: datetime, idle_before_s: float = 0.0) -> L
     factor = window / total if total > window and total > 0 else 1.0
     for name, seconds in steps.items():
         buckets[name] = seconds * factor
-    wall = span + buckets["idle"]
+    wall = span + gap
     named = sum(seconds for name, seconds in buckets.items() if name != "other")
     buckets["other"] = max(0.0, wall - named)
+    if job.incident and job.last_step_at is not None:
+        # After its newest step the job made no progress: the incident's part, out of the
+        # time no other bucket claims.
+        quiet = max(0.0, _seconds(job.end(now), job.last_step_at))
+        moved = min(quiet, buckets["other"])
+        buckets["recovery"] += moved
+        buckets["other"] -= moved
     return Ledger(wall_s=wall, buckets=buckets)
 
 
@@ -304,7 +322,12 @@ def lineage_ledgers(jobs: Sequence[JobTimes], *, now: datetime) -> tuple[Ledger,
         source = by_id.get(job.source_id) if job.source_id else None
         source_end = source.end(now) if source is not None and source.ended_at else None
         idle = idle_before(job, source_ended_at=source_end, now=now)
-        per_job[job.job_id] = job_ledger(job, now=now, idle_before_s=idle)
+        per_job[job.job_id] = job_ledger(
+            job,
+            now=now,
+            idle_before_s=idle,
+            recovery_gap=source is not None and source.incident,
+        )
     return sum_ledgers(per_job.values()), per_job
 
 

@@ -18,6 +18,7 @@ from django.db.models import (
     Case,
     Count,
     DurationField,
+    Exists,
     F,
     Max,
     OuterRef,
@@ -32,7 +33,7 @@ from django.utils import timezone
 
 from core import cache
 from jobs.goodput import ledger as goodput
-from jobs.models import Checkpoint, Job, MetricPoint
+from jobs.models import Checkpoint, Job, JobEvent, MetricPoint
 from nodes.models import Cluster
 from trainer.config import DEFAULTS as TRAINER_DEFAULTS
 
@@ -143,6 +144,7 @@ LEDGER_INPUTS = (
     "first_wall",
     "first_elapsed",
     "last_wall",
+    "had_incident",
 )
 
 
@@ -168,6 +170,9 @@ def with_ledger_inputs(jobs: QuerySet[Job]) -> QuerySet[Job]:
         ),
         last_wall=kept_or(
             "points_last_wall", Subquery(points.order_by("-step").values("wall_time")[:1])
+        ),
+        had_incident=Exists(
+            JobEvent.objects.filter(job=OuterRef("pk"), kind=JobEvent.Kind.INCIDENT)
         ),
     )
 
@@ -278,6 +283,7 @@ def job_times(
         lost=totals.get(True, goodput.StepTotals()),
         source_id=link.source_id,
         last_step_at=row["last_wall"],
+        incident=bool(row.get("had_incident")),
     )
 
 

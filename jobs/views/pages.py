@@ -3,13 +3,16 @@ from __future__ import annotations
 import json
 import uuid
 from typing import Any
+from urllib.parse import urlencode
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse, HttpResponseBase, HttpResponseRedirect
 from django.shortcuts import render
+from django.template.loader import render_to_string
 from django.urls import reverse
 from django.utils import timezone
+from django.utils.safestring import mark_safe
 from django.views.decorators.http import require_POST
 
 from core import cache
@@ -19,6 +22,7 @@ from core.errors import ApplicationError, FieldError
 from core.roles import is_operator, is_researcher
 from jobs.goodput.ledger import format_duration
 from jobs.goodput.work_at_risk import job_work_at_risk
+from jobs.list_page import Cursor, job_list_page_read, job_list_page_rows
 from jobs.models import Checkpoint, Job
 from jobs.page_versions import JobVersion, job_page_rows, job_page_state, job_version
 from jobs.pending_queue import job_pending_summary
@@ -29,42 +33,70 @@ from jobs.services import job_cancel, job_resume
 
 
 @login_required
-def job_list_page(request: HttpRequest) -> HttpResponse:
+def job_list_page(request: HttpRequest) -> HttpResponseBase:
+    """One page of the job list, newest first (``jobs.list_page``: keyset pages, rows
+    rendered once per version and minute); 304 when the browser's copy is current."""
     state = request.GET.get("state") or ""
     owner = request.GET.get("owner") or ""
     search = (request.GET.get("q") or "").strip()
     sees_all = is_operator(request.user)
     mine = request.GET.get("mine", "1" if not sees_all else "0") == "1"
-    error = ""
+    filters = {"state": state, "owner": owner if sees_all else "", "q": search}
+    filters["mine"] = "1" if mine else "0"
+    context: dict[str, Any] = {
+        "error": "",
+        "states": Job.State.choices,
+        "state": state,
+        "owner": owner,
+        "search": search,
+        "mine": mine,
+        "sees_all": sees_all,
+        "can_submit": is_researcher(request.user),
+        "cursor": request.GET.get("cursor") or "",
+        "newest_query": urlencode({k: v for k, v in filters.items() if v}),
+    }
     try:
-        jobs = list(
-            job_list(
-                user=request_user(request),
-                state=state or None,
-                owner=(owner or None) if sees_all else None,
-                search=search or None,
-                mine=mine,
-            )
-            .select_related("parent")
-            .order_by("-created_at")[:100]
+        cursor = Cursor.decode(context["cursor"]) if context["cursor"] else None
+        jobs = job_list(
+            user=request_user(request),
+            state=state or None,
+            owner=(owner or None) if sees_all else None,
+            search=search or None,
+            mine=mine,
         )
+        page = job_list_page_read(jobs, cursor=cursor)
     except FieldError as refused:
-        jobs, error = [], refused.message
-    return render(
-        request,
-        "jobs/job_list.html",
-        {
-            "jobs": jobs,
-            "error": error,
-            "states": Job.State.choices,
-            "state": state,
-            "owner": owner,
-            "search": search,
-            "mine": mine,
-            "sees_all": sees_all,
-            "can_submit": is_researcher(request.user),
-        },
+        context.update(error=refused.message, shown=False)
+        return render(request, "jobs/job_list.html", context, status=400)
+    minute = this_minute()
+    older = page.older.encode() if page.older else ""
+    etag = etag_for(
+        "job list",
+        context,
+        page.versions,
+        older,
+        minute,
+        request.META.get("CSRF_COOKIE"),
+        static_release(),
     )
+    unchanged = not_modified(request, etag)
+    if unchanged is not None:
+        return unchanged
+    rows = job_list_page_rows(
+        page,
+        jobs,
+        minute=minute,
+        render=lambda shown: render_to_string("jobs/_job_rows.html", {"jobs": shown}),
+    )
+    context.update(
+        shown=bool(page.ids),
+        # Rendered by this module's own template (autoescaped), kept in core.cache.
+        rows=mark_safe(rows),  # noqa: S308
+        older_query=urlencode({**{k: v for k, v in filters.items() if v}, "cursor": older})
+        if older
+        else "",
+    )
+    return revalidate(render(request, "jobs/job_list.html", context), etag)
 
 
 def _job_live_context(request: HttpRequest, job: Job, *, page: bool = False) -> dict[str, Any]:
@@ -197,6 +229,7 @@ _GOODPUT_BUCKETS = (
     ("startup", "startup", "#a3a3a3"),
     ("queued", "queued", "#d4d4d8"),
     ("idle", "idle between jobs", "#fcd34d"),
+    ("recovery", "recovery (incident → resumed)", "#f97316"),
     ("lost_progress", "lost progress (redone)", "#b91c1c"),
     ("other", "other", "#e5e7eb"),
 )

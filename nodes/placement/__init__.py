@@ -54,9 +54,10 @@ tests).
 Choosing among optimal placements
 ---------------------------------
 Each eligible node has a preference key, smaller is better: usable now before
-waited for; among waited-for nodes, the earliest ``free_at``; NVLink over PCIe
-over unknown; fewest GPUs left stranded on the node; then the natural name
-order. Among the placements with the optimal switch count:
+waited for; among waited-for nodes, the earliest ``free_at``; GPU health ok or
+unknown (never probed) over warning; NVLink over PCIe over unknown; fewest GPUs
+left stranded on the node; then the natural name order. Among the placements
+with the optimal switch count:
 
 * the worst node is as good as it can be: the eligible nodes are cut at the
   smallest key for which an optimal placement still exists (binary search,
@@ -78,7 +79,8 @@ now. Only when fewer than N nodes are usable now (and the request allows
 waiting) may allocated/mixed/completing nodes with a known ``free_at`` join,
 as if their whole capacity frees at that time. Drained, draining, down, fail,
 failing, inval, error, gone, unknown, reserved and future nodes are never
-proposed.
+proposed, nor is a node whose GPU health (``NodeInfo.health``, from the node
+probe) is critical.
 """
 
 from __future__ import annotations

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 from nodes.placement.explain import binding_constraint, check_unique, explain, infeasible, words_and
 from nodes.placement.model import (
+    HEALTH_PENALTY,
     HEALTHY_STATES,
     NodeInfo,
     Placement,
@@ -129,10 +130,14 @@ def placement_quality(
         )
     shape = request or PlacementRequest(nodes=len(actual), gpus_per_node=0)
     pool = [
-        Candidate(node, topology.attachment[node.name], False, None, (0, 0.0, 0, 0))
+        Candidate(node, topology.attachment[node.name], False, None, (0, 0.0, 0, 0, 0))
         for node in everything
         if node.name in actual
-        or (state_of(node) in HEALTHY_STATES and static_misfit(node, shape) is None)
+        or (
+            state_of(node) in HEALTHY_STATES
+            and node.health.strip().lower() in HEALTH_PENALTY
+            and static_misfit(node, shape) is None
+        )
     ]
     optimum, *_rest = optimum_of(topology, pool, len(actual))
     assert optimum is not None

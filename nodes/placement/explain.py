@@ -46,7 +46,7 @@ def binding_constraint(sorting: Sorting, request: PlacementRequest, total: int) 
         holding = f"that can hold {shape}"
         return (
             f"{only(sorting.healthy, holding + ' is', holding + ' are')} up (the rest are "
-            f"drained, down or otherwise unavailable); {need} requested"
+            f"drained, down, GPU-unhealthy or otherwise unavailable); {need} requested"
         )
     usable = len(sorting.now) + len(sorting.waitable)
     waiting = " or become free at a known time" if request.allow_wait else ""

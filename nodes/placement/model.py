@@ -12,6 +12,8 @@ WAITABLE_STATES = frozenset({"allocated", "mixed", "completing"})
 # Nodes that may run a job now or soon; used to judge an actual placement.
 HEALTHY_STATES = USABLE_NOW_STATES | WAITABLE_STATES
 LINK_QUALITY = {"nvlink": 0, "pcie": 1, "unknown": 2}
+# Health a node may have and still be proposed, and how much each is dispreferred.
+HEALTH_PENALTY = {"ok": 0, "unknown": 0, "warning": 1}
 LINK_WORDS = {"nvlink": "NVLink", "pcie": "PCIe"}
 
 VIRTUAL_ROOT = "(beyond known switches)"
@@ -51,6 +53,9 @@ class NodeInfo:
     intra_node_link: str = "unknown"
     # When a busy node is expected to be free (whole node); naive means UTC.
     free_at: datetime | None = None
+    # GPU/node health from the node probe: "critical" is never proposed, "warning" only
+    # when no healthier node does as well, "ok" and "unknown" (never probed) are neutral.
+    health: str = "unknown"
 
 
 @dataclass(frozen=True)

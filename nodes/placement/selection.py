@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from nodes.placement.model import (
+    HEALTH_PENALTY,
     HEALTHY_STATES,
     LINK_QUALITY,
     USABLE_NOW_STATES,
@@ -26,11 +27,11 @@ class Candidate:
     attachment: str
     waits: bool
     free_at: datetime | None
-    # Preference without the name: (waits, free time, link quality, stranded GPUs).
-    rank: tuple[int, float, int, int]
+    # Preference without the name: (waits, free time, health, link quality, stranded GPUs).
+    rank: tuple[int, float, int, int, int]
 
     @property
-    def key(self) -> tuple[tuple[int, float, int, int], tuple[str, str, int, int, str]]:
+    def key(self) -> tuple[tuple[int, float, int, int, int], tuple[str, str, int, int, str]]:
         return (self.rank, natural_key(self.node.name))
 
 
@@ -128,12 +129,16 @@ def sort_nodes(nodes: Sequence[NodeInfo], topology: Topology, request: Placement
         if state not in HEALTHY_STATES:
             sorting.reasons[node.name] = state or "unknown state"
             continue
+        health = HEALTH_PENALTY.get(node.health.strip().lower())
+        if health is None:
+            sorting.reasons[node.name] = f"GPU health {node.health or 'unknown'}"
+            continue
         sorting.healthy += 1
         link = LINK_QUALITY.get(node.intra_node_link.lower(), LINK_QUALITY["unknown"])
         attachment = topology.attachment.get(node.name, "")
         free_misfit = free_misfit_of(node, request) if state in USABLE_NOW_STATES else None
         if state in USABLE_NOW_STATES and free_misfit is None:
-            rank = (0, 0.0, link, node.gpus_free - gpus)
+            rank = (0, 0.0, health, link, node.gpus_free - gpus)
             sorting.now.append(Candidate(node, attachment, False, None, rank))
         elif state not in WAITABLE_STATES:
             # Idle but short of free resources: nothing running will free them.
@@ -144,7 +149,7 @@ def sort_nodes(nodes: Sequence[NodeInfo], topology: Topology, request: Placement
             sorting.reasons[node.name] = f"{free_misfit or state}; waiting not allowed"
         else:
             free_at = utc(node.free_at)
-            rank = (1, free_at.timestamp(), link, node.gpus_total - gpus)
+            rank = (1, free_at.timestamp(), health, link, node.gpus_total - gpus)
             sorting.waitable.append(Candidate(node, attachment, True, free_at, rank))
     return sorting
 

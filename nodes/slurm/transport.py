@@ -540,6 +540,13 @@ def pool_counters(login_node: tuple[str, int]) -> tuple[int, float, int]:
     )
 
 
+def pool_logins(login_node: tuple[str, int]) -> int:
+    """SSH logins (connections opened) to one login node in this process, every identity."""
+    with _pool_lock:
+        transports = [t for t in _pool.values() if t.config.login_node == login_node]
+    return sum(t.connections_opened for t in transports)
+
+
 def close_all() -> None:
     with _pool_lock:
         transports = list(_pool.values())

@@ -27,6 +27,7 @@ WHEN = datetime(2025, 1, 2, 3, 4, 5, tzinfo=UTC)
 EXAMPLE_KEYS = {
     cache.JOB_FIGURES: lambda: cache.key_job_figures(job_id=JOB, version='"abc"', minute=7),
     cache.JOB_LIST_ROWS: lambda: cache.key_job_list_rows(rows=[(JOB, WHEN, "digest")]),
+    cache.JOB_LIST_PAGE: lambda: cache.key_job_list_page(rows=[(JOB, WHEN, "digest")], minute=7),
     cache.JOB_METRICS: lambda: cache.key_job_metrics(
         job_id=JOB, metrics_offset=3, step_min=None, step_max=10, max_points=2000
     ),
@@ -139,6 +140,7 @@ def test_a_key_changes_with_every_input_it_names() -> None:
 def test_lifetimes_are_one_table_and_the_snapshot_follows_its_setting(settings: Any) -> None:
     assert cache.lifetime(cache.JOB_FIGURES) == 120
     assert cache.lifetime(cache.JOB_LIST_ROWS) == 600
+    assert cache.lifetime(cache.JOB_LIST_PAGE) == 120
     assert cache.lifetime(cache.JOB_METRICS) == 600
     assert cache.lifetime(cache.JOB_SERIES_STATE) == 3600
     assert cache.lifetime(cache.JOB_PLACEMENT) == 7 * 86_400

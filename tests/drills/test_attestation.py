@@ -332,20 +332,39 @@ def test_a_drill_on_a_cluster_with_a_verifier_runs_as_it_in_its_own_area(
     script_path = _submitted(drill, node)
     # Read access was granted as alice, to the verifier only, on the way to the checkpoint.
     owner_path = f"{WORKDIR}/users/alice"
-    assert node.commands[0] == (
-        "alice",
-        [
-            "setfacl",
-            "-m",
-            f"u:{VERIFIER}:x",
-            "--",
-            *directories_down_to(owner_path, drill.checkpoint.path),
-        ],
-    )
-    assert node.commands[1] == (
-        "alice",
-        ["setfacl", "-R", "-P", "-m", f"u:{VERIFIER}:rX", "--", drill.checkpoint.path],
-    )
+    alices = [argv for account, argv in node.commands if account == "alice"]
+    assert alices[0] == [
+        "setfacl",
+        "-m",
+        f"u:{VERIFIER}:x",
+        "--",
+        *directories_down_to(owner_path, drill.checkpoint.path),
+    ]
+    assert alices[1] == [
+        "setfacl",
+        "-R",
+        "-P",
+        "-m",
+        f"u:{VERIFIER}:rX",
+        "--",
+        drill.checkpoint.path,
+    ]
+    # The verifier lets the service account (only) list its area and the drill's directory,
+    # for the watcher's batched reader (runs.rundir_batch).
+    service = drill.checkpoint.job.cluster.ssh_user
+    verifier_area = f"{WORKDIR}/users/{VERIFIER}"
+    grants = [argv for account, argv in node.commands if account == VERIFIER]
+    entry = f"u:{service}:rX,d:u:{service}:rX"
+    assert ["setfacl", "-m", entry, "--", verifier_area] in grants
+    assert [
+        "setfacl",
+        "-m",
+        entry,
+        "--",
+        verifier_area,
+        f"{verifier_area}/drills",
+        directory,
+    ] in grants
     # The reference and the script are the verifier's; the script has nothing alice set.
     assert node.files[f"{directory}/reference.json"][0] == VERIFIER
     owner, script = node.files[script_path]

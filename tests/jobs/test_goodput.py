@@ -615,3 +615,41 @@ def test_overview_shows_goodput_per_cluster_and_week(
     assert f'data-week="{this_week}" data-ratio="0.' in html
     # Another researcher's cluster of jobs is not in this researcher's table.
     assert "robs-cluster" not in html.split('data-testid="goodput-weeks"')[1]
+
+
+def test_an_incident_puts_its_quiet_and_the_gap_to_the_resume_in_recovery() -> None:
+    # Job a: 100 steps of 1 s from t=10, then hung from its last step (t=110) until the
+    # watcher cancelled it at t=400; its resume b was submitted at t=460.
+    points = [StepPoint(step, 1.0, 0.0, 0.0) for step in range(1, 101)]
+    a = JobTimes(
+        job_id="a",
+        submitted_at=at(0),
+        started_at=at(5),
+        loop_started_at=at(10),
+        ended_at=at(400),
+        preserved=goodput.step_totals(points, after=0),
+        last_step_at=at(110),
+        incident=True,
+    )
+    b = JobTimes(
+        job_id="b",
+        submitted_at=at(460),
+        started_at=at(470),
+        loop_started_at=at(480),
+        ended_at=at(500),
+        resumed=True,
+        source_id="a",
+        last_step_at=at(500),
+    )
+    lineage, per_job = goodput.lineage_ledgers([a, b], now=at(10_000))
+    assert per_job["a"].buckets["recovery"] == pytest.approx(290)  # 110 → 400
+    assert per_job["b"].buckets["recovery"] == pytest.approx(60)  # 400 → 460
+    assert per_job["b"].buckets["idle"] == 0
+    assert lineage.buckets["recovery"] == pytest.approx(350)
+    for ledger in (lineage, *per_job.values()):
+        assert_sums_to_wall(ledger)
+    # Without the incident the same gap is idle, and the quiet stays unexplained.
+    plain, _ = goodput.lineage_ledgers(
+        [a.__class__(**{**a.__dict__, "incident": False}), b], now=at(10_000)
+    )
+    assert plain.buckets["recovery"] == 0 and plain.buckets["idle"] == pytest.approx(60)

@@ -4,13 +4,26 @@ refused when it is not the account's own (another account made it, or it is a li
 from __future__ import annotations
 
 import stat
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import pytest
 
 from nodes.slurm.errors import SftpError, SshTransientError
 from nodes.slurm.sftp import StatResult
-from runs.runtime import UserAreaError, run_dir, user_area, user_area_ensure
+from runs.runtime import (
+    UserAreaError,
+    run_dir,
+    service_read_grant,
+    user_area,
+    user_area_ensure,
+)
+
+
+@dataclass
+class _Ran:
+    rc: int
+    stderr: str = ""
 
 
 @dataclass
@@ -28,6 +41,8 @@ class FakeTransport:
     account: str
     calls: list[str] = field(default_factory=list)
     fail_with: Exception | None = None
+    # What its commands (setfacl) exit with.
+    rc: int = 0
 
     def lstat(self, path: str) -> StatResult | None:
         self.calls.append(f"lstat {path}")
@@ -59,6 +74,12 @@ class FakeTransport:
 
     def put_bytes(self, path: str, data: bytes, mode: int = 0o644) -> None:
         raise AssertionError("not used")
+
+    def exec(
+        self, argv: Sequence[str], *, timeout: float | None = None, check: bool = True
+    ) -> _Ran:
+        self.calls.append(" ".join(argv))
+        return _Ran(self.rc, "setfacl: Operation not supported" if self.rc else "")
 
 
 def _cluster() -> tuple[FakeFiles, FakeTransport, FakeTransport, FakeTransport]:
@@ -112,3 +133,39 @@ def test_paths_refuse_anything_but_an_account_name() -> None:
     for bad in ("../x", "a/b", "alice\n", "", "Alice", "a b"):
         with pytest.raises(ValueError):
             user_area("/w", bad)
+
+
+# ---------------------------------------------------------------- the service account's grant
+
+
+def test_the_area_is_opened_to_the_service_account_after_its_chmod() -> None:
+    files = FakeFiles(owners={"/w": "gantry"}, modes={"/w": 0o755})
+    service, alice = FakeTransport(files, "gantry"), FakeTransport(files, "alice")
+    user_area_ensure(service, alice, "/w", "alice", service_account="gantry")
+    # A chmod leaves the ACL mask at nothing: the grant (setfacl recomputes it) comes after.
+    chmod = alice.calls.index("chmod /w/users/alice 700")
+    grant = alice.calls.index("setfacl -m u:gantry:rX,d:u:gantry:rX -- /w/users/alice")
+    assert chmod < grant and files.modes["/w/users/alice"] == 0o700
+    assert not any("setfacl" in call for call in service.calls)
+
+
+def test_a_login_node_without_acls_still_gets_its_area() -> None:
+    files = FakeFiles(owners={"/w": "gantry"}, modes={"/w": 0o755})
+    service, alice = FakeTransport(files, "gantry"), FakeTransport(files, "alice", rc=1)
+    assert user_area_ensure(service, alice, "/w", "alice", service_account="gantry")
+    assert service_read_grant(alice, area="/w/users/alice", service_account="gantry") is False
+
+
+def test_a_run_directory_is_granted_from_the_area_down() -> None:
+    files = FakeFiles(owners={"/w": "gantry"}, modes={"/w": 0o755})
+    alice = FakeTransport(files, "alice")
+    area = "/w/users/alice"
+    assert service_read_grant(
+        alice, area=area, directory=f"{area}/runs/j1", service_account="gantry"
+    )
+    assert alice.calls == [
+        f"setfacl -m u:gantry:rX,d:u:gantry:rX -- {area} {area}/runs {area}/runs/j1"
+    ]
+    for outside in ("/w/users/bob/runs/j1", f"{area}/../bob/runs", f"{area}x/runs"):
+        with pytest.raises(ValueError):
+            service_read_grant(alice, area=area, directory=outside, service_account="gantry")

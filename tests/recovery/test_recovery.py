@@ -18,13 +18,8 @@ from core.models import AuditEvent
 from drills.models import RestoreDrill
 from factories import (
     CheckpointFactory,
-    ClusterFactory,
-    GpuFactory,
     JobFactory,
-    NodeFactory,
-    PartitionFactory,
 )
-from jobs.lifecycle import JOBS
 from jobs.models import Checkpoint, Job, JobEvent, MetricPoint, StateFingerprint
 from jobs.script import job_script
 from nodes.models import Cluster, Node
@@ -33,31 +28,6 @@ from recovery.detect import hang_budget
 from recovery.models import Incident, JobProgress, RecoveryPolicy, SuspectNode
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def cluster() -> Cluster:
-    cluster = ClusterFactory(name="tenant-b", is_default=True, default_partition="train")
-    PartitionFactory(cluster=cluster, name="train", max_time_minutes=600, is_default=True)
-    for index in range(1, 7):
-        node = NodeFactory(
-            cluster=cluster, name=f"gpu-b-{index:02d}", partitions=["train"], cpus_total=8
-        )
-        GpuFactory(node=node, index=0, gpu_type="h200")
-    return cluster
-
-
-@pytest.fixture
-def cancels(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    sent: list[str] = []
-
-    def cancel(obj: Job, *, by: str, audit: Any) -> str:
-        sent.append(str(obj.id))
-        audit(obj)
-        return "scancel sent"
-
-    monkeypatch.setattr(JOBS, "cancel", cancel)
-    return sent
 
 
 def _failed_job(cluster: Cluster, owner: Any, *, state: str = "failed", **values: Any) -> Job:

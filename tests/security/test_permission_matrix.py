@@ -146,6 +146,9 @@ EXPECTED: dict[str, tuple[str, bool, dict[str, Any] | None, dict[str, str]]] = {
     "api:node-drain": ("post", False, {"reason": "matrix"}, OPERATOR_API),
     "api:node-resume": ("post", False, {}, OPERATOR_API),
     "api:gpu-list": ("get", False, None, ROLE_API),
+    # GPU and node health (health app): read by every role, like the inventory.
+    "api:node-health": ("get", False, None, ROLE_API),
+    "api:gpu-capacity": ("get", False, None, ROLE_API),
     "api:topology": ("get", False, None, ROLE_API),
     "api:job-list": ("get", False, None, ROLE_API),
     "api:job-submit": ("post", False, {}, ROLE_API),

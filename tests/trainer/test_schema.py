@@ -8,6 +8,7 @@ from pathlib import Path
 from trainer.schema import (
     ACCEPTANCE_SCHEMA,
     CHECKPOINT_FORMAT,
+    COLLECTIVES_SCHEMA,
     DRILL_REFERENCE_SCHEMA,
     DRILL_SCHEMA,
     FINGERPRINT_FORMAT,
@@ -64,6 +65,7 @@ def test_formats_are_documented() -> None:
         DRILL_REFERENCE_SCHEMA,
         FINGERPRINT_FORMAT,
         ACCEPTANCE_SCHEMA,
+        COLLECTIVES_SCHEMA,
     )
     for name in names:
         assert name in SCHEMA_MD, name

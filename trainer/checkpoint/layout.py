@@ -67,6 +67,10 @@ def first_line(exc: BaseException) -> str:
 
 def fault_point(kind: str, step: int) -> None:
     """Test-only fault injection: TRAINER_FAULT=crash_before_manifest@STEP."""
-    spec = os.environ.get("TRAINER_FAULT", "")
-    if spec == f"{kind}@{step}":
+    if fault_at(kind, step):
         os._exit(137)
+
+
+def fault_at(kind: str, step: int) -> bool:
+    """Whether the test-only fault ``TRAINER_FAULT=<kind>@<step>`` is set for this step."""
+    return os.environ.get("TRAINER_FAULT", "") == f"{kind}@{step}"

@@ -1,0 +1,12 @@
+"""API of GPU and node health, under /api/v1/."""
+
+from __future__ import annotations
+
+from django.urls import URLPattern, path
+
+from health import api
+
+urlpatterns: list[URLPattern] = [
+    path("nodes/<int:node_id>/health/", api.NodeHealthApi.as_view(), name="node-health"),
+    path("health/capacity/", api.GpuCapacityApi.as_view(), name="gpu-capacity"),
+]

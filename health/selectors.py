@@ -1,0 +1,162 @@
+"""Reads for the pages and the API: a node's health with its GPUs, events and stack drift;
+GPU capacity per partition by health; the drain offer for a critical node."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from health.evaluate import ACTION_WORDS, State
+from health.models import GpuHealth, HealthEvent, NodeHealth
+from health.stack import Difference, stack_drift
+from nodes.models import Cluster, Gpu, Node
+
+RECENT_EVENTS = 20
+
+
+@dataclass
+class NodeHealthView:
+    node: Node
+    health: NodeHealth | None
+    gpus: list[GpuHealth]
+    events: list[HealthEvent]
+    # Partition → this node's differences from the partition's majority stack.
+    drift: dict[str, list[Difference]]
+    drain_reason: str = ""
+
+    @property
+    def state(self) -> str:
+        return self.health.state if self.health is not None else State.UNKNOWN
+
+    @property
+    def action_words(self) -> str:
+        return ACTION_WORDS.get(self.health.action, "") if self.health is not None else ""
+
+    @property
+    def offered_for_draining(self) -> bool:
+        return bool(self.drain_reason)
+
+    @property
+    def stack_items(self) -> list[tuple[str, str]]:
+        """The stack without its package list (that is counted instead)."""
+        stack = self.health.stack if self.health is not None else {}
+        items = [(key, str(value)) for key, value in stack.items() if key != "packages"]
+        packages = stack.get("packages")
+        if isinstance(packages, dict):
+            items.append(("packages", f"{len(packages)} installed"))
+        return sorted(items)
+
+
+def _stacks_in_partition(cluster: Cluster, partition: str) -> dict[str, dict[str, Any]]:
+    rows = NodeHealth.objects.filter(
+        node__cluster=cluster, node__partitions_text__contains=f",{partition},"
+    ).exclude(node__state=Node.State.GONE)
+    return {row.node.name: row.stack for row in rows.select_related("node") if row.stack}
+
+
+def partition_drift(*, cluster: Cluster, partition: str) -> list[Difference]:
+    """Who differs from the partition's majority stack, and in what."""
+    return stack_drift(_stacks_in_partition(cluster, partition))
+
+
+def drain_reason_for(node: Node, health: NodeHealth | None) -> str:
+    """The reason a one-click drain of a critical node records (shown in Slurm); "" when
+    the node is not critical or is already out of service."""
+    if health is None or health.state != State.CRITICAL:
+        return ""
+    if node.state in {Node.State.DRAINED, Node.State.DRAINING, Node.State.DOWN, Node.State.GONE}:
+        return ""
+    evidence = "; ".join(str(reason) for reason in health.reasons[:3])
+    return f"GPU health critical: {evidence}"[:255].replace("\n", " ")
+
+
+def node_health_view(*, node: Node) -> NodeHealthView:
+    health = NodeHealth.objects.filter(node=node).first()
+    drift = {}
+    for partition in node.partitions or []:
+        mine = [
+            d
+            for d in partition_drift(cluster=node.cluster, partition=partition)
+            if d.node == node.name
+        ]
+        if mine:
+            drift[partition] = mine
+    return NodeHealthView(
+        node=node,
+        health=health,
+        gpus=list(GpuHealth.objects.filter(node=node).order_by("index")),
+        events=list(HealthEvent.objects.filter(node=node)[:RECENT_EVENTS]),
+        drift=drift,
+        drain_reason=drain_reason_for(node, health),
+    )
+
+
+@dataclass
+class PartitionCapacity:
+    cluster: str
+    partition: str
+    # GPUs by health: ok, warning, critical, unknown.
+    gpus: Counter[str] = field(default_factory=Counter)
+    drifted_nodes: int = 0
+
+    @property
+    def total(self) -> int:
+        return sum(self.gpus.values())
+
+    @property
+    def healthy(self) -> int:
+        return self.gpus[State.OK]
+
+    @property
+    def degraded(self) -> int:
+        return self.gpus[State.WARNING]
+
+    @property
+    def unhealthy(self) -> int:
+        return self.gpus[State.CRITICAL]
+
+    @property
+    def unknown(self) -> int:
+        return self.gpus[State.UNKNOWN]
+
+
+def gpu_capacity_by_partition() -> list[PartitionCapacity]:
+    """Per cluster and partition: its GPUs (from the inventory) by health. A GPU counts
+    with its own verdict, except on a critical node (placement avoids the whole node) and
+    where it was never judged (unknown). A node in two partitions counts in both."""
+    nodes = list(
+        Node.objects.exclude(state=Node.State.GONE)
+        .select_related("cluster")
+        .order_by("cluster__name", "name")
+    )
+    verdicts = {
+        (row.node_id, row.index): row.state
+        for row in GpuHealth.objects.only("node_id", "index", "state")
+    }
+    inventory: dict[int, list[int]] = {}
+    for node_id, index in Gpu.objects.values_list("node_id", "index"):
+        inventory.setdefault(node_id, []).append(index)
+    capacity: dict[tuple[str, str], PartitionCapacity] = {}
+    for node in nodes:
+        for partition in node.partitions or []:
+            key = (node.cluster.name, partition)
+            row = capacity.setdefault(key, PartitionCapacity(cluster=key[0], partition=partition))
+            for index in inventory.get(node.id, []):
+                state = verdicts.get((node.id, index), State.UNKNOWN)
+                if node.health_state == State.CRITICAL:
+                    state = State.CRITICAL
+                row.gpus[state] += 1
+    stacks: dict[tuple[str, str], dict[str, dict[str, Any]]] = {}
+    for health in NodeHealth.objects.exclude(node__state=Node.State.GONE).select_related(
+        "node__cluster"
+    ):
+        for partition in health.node.partitions or []:
+            if health.stack:
+                stacks.setdefault((health.node.cluster.name, partition), {})[health.node.name] = (
+                    health.stack
+                )
+    for key, by_node in stacks.items():
+        if key in capacity:
+            capacity[key].drifted_nodes = len({d.node for d in stack_drift(by_node)})
+    return [capacity[key] for key in sorted(capacity)]

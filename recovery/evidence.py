@@ -1,0 +1,79 @@
+"""Which ranks stopped, and on which nodes, from what the cycle's listing of the run
+directory showed (``runs.rundir.RunDirectory``):
+
+- after a crash, srun's own error lines at the end of the job's output file
+  (``srun: error: n2: task 1: Killed``): the first one names the task that ended badly
+  first; srun then stops the others (``--kill-on-bad-exit``), and their lines come after;
+- during a hang, the ranks' heartbeats (``trainer/heartbeat.py``): a rank whose heartbeat
+  file went stale while the others' kept being rewritten stopped (its process is stopped
+  or gone); all fresh means every rank is alive and waiting on something else, and nobody
+  is named.
+
+Both live in the job's own run directory, so they are what the job claims: a node is named
+only when it is one of the job's own allocated nodes, and what a hostile job could do with
+a false claim is send its own retry elsewhere and put a suspect record (with the evidence
+shown) in front of operators, who decide.
+"""
+
+from __future__ import annotations
+
+from jobs.models import Job
+from nodes.slurm.hostlist import expand
+from runs.rundir import RunDirectory
+
+# A heartbeat this much older than the freshest one of the same job is stale: the trainer
+# rewrites it every 2 s (``trainer.heartbeat.INTERVAL_S``); file times have 1 s steps.
+STALE_BEAT_S = 10
+
+
+def _allocated(job: Job) -> set[str]:
+    try:
+        return set(expand(job.allocated_nodes)) if job.allocated_nodes else set()
+    except ValueError:
+        return set()
+
+
+def crash_suspects(job: Job, directory: RunDirectory | None) -> list[tuple[str, str]]:
+    """The node of the first task srun reported ending badly, with the line."""
+    if directory is None or not job.slurm_job_id:
+        return []
+    allocated = _allocated(job)
+    for node, tasks, what in directory.srun_errors.get(job.slurm_job_id, []):
+        if node in allocated:
+            return [
+                (
+                    node,
+                    f"job {job.slurm_job_id}: srun reported task {tasks} on {node} first: "
+                    f"{what} (the job's output file)",
+                )
+            ]
+    return []
+
+
+def hang_suspects(job: Job, directory: RunDirectory | None) -> list[tuple[str, str]]:
+    """Nodes of the ranks whose heartbeat went stale while the others' stayed fresh."""
+    if directory is None or len(directory.beats) < 2:
+        return []
+    allocated = _allocated(job)
+    freshest = max(beat.modified for beat in directory.beats.values())
+    stale = [
+        beat
+        for beat in directory.beats.values()
+        if freshest - beat.modified > STALE_BEAT_S and beat.node in allocated
+    ]
+    if len(stale) == len(directory.beats):
+        return []
+    by_node: dict[str, list[str]] = {}
+    for beat in sorted(stale, key=lambda b: b.rank):
+        by_node.setdefault(beat.node, []).append(
+            f"rank {beat.rank} (at step {beat.step}, last heartbeat "
+            f"{freshest - beat.modified} s before the freshest)"
+        )
+    return [
+        (
+            node,
+            f"job {job.slurm_job_id}: {', '.join(ranks)} on {node} stopped while the other "
+            "ranks kept beating",
+        )
+        for node, ranks in sorted(by_node.items())
+    ]
