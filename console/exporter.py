@@ -33,6 +33,10 @@ What is exported, every series labelled by cluster name:
   timings the Celery workers record per watcher cycle in the shared ``worker_stats`` cache
   (see ``core.worker_stats``; the SSH numbers are those of the watcher's commands, which
   are most of Gantry's SSH traffic).
+- ``gantry_node_health{cluster,node,state}``: 1 for the state of each node's GPU health
+  (``ok``, ``warning``, ``critical``, ``unknown``), 0 for the others;
+  ``gantry_gpu_health_total{cluster,state}``: the inventory's GPUs by health (never probed:
+  unknown; every GPU of a critical node: critical). See ``health``.
 - ``gantry_cache_hits_total{cache}`` and ``gantry_cache_misses_total{cache}``: reads of
   ``core.cache`` per cached thing (``cache`` is its name: ``job_figures``, ...) in every web
   and worker process, as the processes record them (each adds its counts every few
@@ -41,7 +45,7 @@ What is exported, every series labelled by cluster name:
 
 One custom collector on a private registry (not prometheus_client's global one, so
 nothing else in the process leaks in) runs a fixed number of queries per scrape, however
-many jobs and drills there are: seven or eight to the database (the goodput window reads
+many jobs and drills there are: about a dozen to the database (the goodput window reads
 the ends of jobs resumed from outside it only when there are such) and three cache reads
 (the goodput window, the worker timings, the cache counts).
 """
@@ -74,6 +78,7 @@ from prometheus_client.registry import CollectorRegistry
 from core import cache, worker_stats
 from core.ratelimit import client_address
 from drills.models import RestoreDrill
+from health.selectors import FleetHealth, fleet_health
 from jobs.goodput import ledger as goodput
 from jobs.goodput.fleet import goodput_by_cluster
 from jobs.goodput.work_at_risk import ClusterRisk, work_at_risk, work_at_risk_by_cluster
@@ -121,6 +126,7 @@ class FleetSnapshot:
     # (cluster id, signal, outcome) -> incidents; cluster id -> suspect nodes
     incidents: dict[tuple[int, str, str], int] = field(default_factory=dict)
     suspects: dict[int, int] = field(default_factory=dict)
+    health: FleetHealth = field(default_factory=FleetHealth)
 
 
 def fleet_snapshot() -> FleetSnapshot:
@@ -189,6 +195,7 @@ def fleet_snapshot() -> FleetSnapshot:
     snapshot.cache_counts = cache.cache_counts()
     snapshot.incidents = incident_counts()
     snapshot.suspects = suspect_counts()
+    snapshot.health = fleet_health()
     return snapshot
 
 
@@ -225,6 +232,7 @@ class GantryCollector:
         yield from _worker_metrics(snapshot)
         yield from _cache_metrics(snapshot)
         yield from _recovery_metrics(snapshot)
+        yield from _health_metrics(snapshot)
 
 
 def _job_metrics(snapshot: FleetSnapshot) -> Iterator[Metric]:
@@ -482,6 +490,32 @@ def _recovery_metrics(snapshot: FleetSnapshot) -> Iterator[Metric]:
     for cluster_id, name in sorted(names.items()):
         suspects.add_metric([name], snapshot.suspects.get(cluster_id, 0))
     yield suspects
+
+
+HEALTH_STATES = ("ok", "warning", "critical", "unknown")
+
+
+def _health_metrics(snapshot: FleetSnapshot) -> Iterator[Metric]:
+    names = {cluster_id: row.name for cluster_id, row in snapshot.clusters.items()}
+    nodes = GaugeMetricFamily(
+        "gantry_node_health",
+        "Each node's GPU health from its probes: 1 for its state, 0 for the others.",
+        labels=["cluster", "node", "state"],
+    )
+    for cluster_id, node, current in snapshot.health.nodes:
+        for state in HEALTH_STATES:
+            if cluster_id in names:
+                nodes.add_metric([names[cluster_id], node, state], float(state == current))
+    yield nodes
+    gpus = GaugeMetricFamily(
+        "gantry_gpu_health_total",
+        "The inventory's GPUs by health (never probed: unknown; on a critical node: critical).",
+        labels=["cluster", "state"],
+    )
+    for cluster_id, name in sorted(names.items()):
+        for state in HEALTH_STATES:
+            gpus.add_metric([name, state], snapshot.health.gpus.get((cluster_id, state), 0))
+    yield gpus
 
 
 def _seconds(microseconds: int) -> float:

@@ -8,6 +8,7 @@ from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, render
 
+from acceptance.selectors import node_certificates
 from console.overview import overview as overview
 from console.overview import overview_live_partial as overview_live_partial
 from core.access import request_user
@@ -43,6 +44,7 @@ def node_detail_page(request: HttpRequest, node_id: int) -> HttpResponse:
             "recent_days": NODE_RECENT_JOB_DAYS,
             "suspicions": node_incidents(node=node),
             "health_view": node_health_view(node=node),
+            "certificates": node_certificates(node=node),
             "can_operate": is_operator(request.user),
         },
     )

@@ -244,10 +244,18 @@ CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
     },
     # Scaling studies: submit a study's next point once its previous one ended.
     "studies-advance": {"task": tasknames.STUDIES_ADVANCE, "schedule": 2.0},
+    # GPU and node health: collect the probe files of each cluster whose turn has come
+    # (health.HealthSource.interval_seconds; this is only how often beat looks).
+    "health-collect": {"task": tasknames.HEALTH_COLLECT, "schedule": 5.0},
     # Notifications: turn new job/drill/node events and breaches into deliveries.
     "notifications-collect": {
         "task": tasknames.NOTIFICATIONS_COLLECT,
         "schedule": float(envint("GANTRY_NOTIFY_INTERVAL", 10, minimum=1)),
+    },
+    # Metric retention: roll old steps of long jobs up into buckets (jobs.metric_retention).
+    "metrics-rollup": {
+        "task": tasknames.METRICS_ROLLUP,
+        "schedule": float(envint("GANTRY_METRICS_ROLLUP_INTERVAL", 600, minimum=10)),
     },
 }
 
@@ -295,6 +303,18 @@ DRILL_DEFAULT_STEPS = envint("GANTRY_DRILL_DEFAULT_STEPS", 5, minimum=1, maximum
 # A drill replays to the original run's next checkpoint when it is at most this far.
 DRILL_MAX_REPLAY_STEPS = envint("GANTRY_DRILL_MAX_REPLAY_STEPS", 500, minimum=1, maximum=100000)
 DRILL_SUBMIT_RETRIES = envint("GANTRY_DRILL_SUBMIT_RETRIES", 6, minimum=0, maximum=50)
+# Metric retention (jobs.metric_retention): a job keeps its newest this many logged steps at
+# full resolution, and a job with no more than this many is never rolled up; older steps go
+# into roll-ups of this many steps. A power of two: the job page chart's buckets are powers
+# of two, so each holds whole roll-ups and its figures stay those of the raw points.
+METRICS_FULL_RESOLUTION_STEPS = envint(
+    "GANTRY_METRICS_FULL_RESOLUTION_STEPS", 20000, minimum=100, maximum=10**8
+)
+METRICS_ROLLUP_BUCKET = envint("GANTRY_METRICS_ROLLUP_BUCKET", 128, minimum=2, maximum=65536)
+if METRICS_ROLLUP_BUCKET & (METRICS_ROLLUP_BUCKET - 1):
+    raise ImproperlyConfigured(
+        f"GANTRY_METRICS_ROLLUP_BUCKET={METRICS_ROLLUP_BUCKET} is not a power of two."
+    )
 
 # Caches. Login throttling counts failures in Redis, shared by every web worker.
 # A Redis failure the default cache ignored is logged (a warning, with the error).
@@ -430,6 +450,9 @@ SPECTACULAR_SETTINGS = {
         "DrillTriggerEnum": "drills.models.RestoreDrill.Trigger",
         "CheckpointIntegrityEnum": "jobs.models.Checkpoint.Integrity",
         "SyncStatusEnum": "nodes.models.Cluster.SyncStatus",
+        "AcceptanceTierEnum": "acceptance.models.Tier",
+        "AcceptanceVerdictEnum": "acceptance.models.Verdict",
+        "AcceptanceRunStateEnum": "acceptance.models.AcceptanceRun.State",
     },
 }
 

@@ -22,11 +22,16 @@ JOB_SUBMIT = "jobs.submit"
 DRILL_SUBMIT = "drills.submit"
 CHECKPOINT_VERIFY = "drills.checkpoint_verify"
 DRILL_POLICIES_APPLY = "drills.policies_apply"
+ACCEPTANCE_STEP_SUBMIT = "acceptance.step_submit"
 CLUSTER_RECONCILE = "watcher.cluster_reconcile"
 CLUSTERS_RECONCILE_DUE = "watcher.clusters_reconcile_due"
 STUDIES_ADVANCE = "studies.advance_all"
 NOTIFICATIONS_COLLECT = "notifications.collect"
 NOTIFICATION_DELIVER = "notifications.deliver"
+# Beat: enqueue a health collection per cluster whose turn has come; one collection.
+HEALTH_COLLECT = "health.collect"
+HEALTH_COLLECT_CLUSTER = "health.collect_cluster"
+METRICS_ROLLUP = "jobs.metrics_rollup"
 
 
 def task_send(name: str, *args: Any) -> bool:

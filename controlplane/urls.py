@@ -20,6 +20,7 @@ api_v1: list[URLPattern | URLResolver] = [
     path("", include("jobs.api_urls")),
     path("", include("drills.api_urls")),
     path("", include("recovery.api_urls")),
+    path("", include("acceptance.api_urls")),
     path("", include("notifications.api_urls")),
 ]
 
@@ -37,6 +38,7 @@ urlpatterns = [
     path("", include("nodes.urls")),
     path("", include("jobs.urls")),
     path("", include("drills.urls")),
+    path("", include("acceptance.urls")),
     path("studies/", include("studies.urls")),
     path("account/", include("core.urls")),
     path("account/notifications/", include("notifications.urls")),

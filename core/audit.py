@@ -54,6 +54,12 @@ class AuditAction(models.TextChoices):
     RECOVERY_RESUME = "recovery.resume"
     RECOVERY_POLICY_UPDATE = "recovery_policy.update"
     SUSPECT_NODE_CLEAR = "suspect_node.clear"
+    # Where a cluster's health probes are collected from (operators), and a collection that
+    # changed nodes' health (Gantry itself; placement reads the health).
+    HEALTH_SOURCE_UPDATE = "health_source.update"
+    HEALTH_COLLECT = "health.collect"
+    ACCEPTANCE_START = "acceptance.start"
+    ACCEPTANCE_CANCEL = "acceptance.cancel"
 
 
 def audit_event_record(

@@ -125,4 +125,11 @@ def roles_sync() -> None:
             ],
         )
     )
+    # Each cluster's health source in the admin (health 0002 grants the same).
+    grants += list(
+        Permission.objects.filter(
+            content_type__app_label="health",
+            codename__in=["add_healthsource", "change_healthsource", "view_healthsource"],
+        )
+    )
     operators.permissions.set(grants)

@@ -15,6 +15,7 @@ from typing import Any
 
 from django.conf import settings
 
+from jobs.ingest import nonfinite_restored
 from jobs.models import Checkpoint, MetricPoint, StateFingerprint
 from trainer.schema import DRILL_REFERENCE_SCHEMA
 
@@ -64,7 +65,7 @@ def drill_reference(checkpoint: Checkpoint, steps: int) -> dict[str, Any]:
         .values_list("step", "loss")
     }
     fingerprints = {
-        str(step): data
+        str(step): nonfinite_restored(data)
         for step, data in StateFingerprint.objects.filter(
             job_id=job.id, step__in=[start, end]
         ).values_list("step", "data")

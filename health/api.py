@@ -1,5 +1,6 @@
-"""Read-only health API under /api/v1/: a node's GPU health, stack and drift; GPU capacity
-per partition by health. Readable by researchers and operators, like the inventory."""
+"""Health API under /api/v1/: a node's GPU health, stack and drift; GPU capacity per
+partition by health (readable by researchers and operators, like the inventory); a
+cluster's health source (everyone with a role reads it, operators change it, audited)."""
 
 from __future__ import annotations
 
@@ -12,9 +13,12 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from core.permissions import IsResearcherOrOperator
+from core.access import request_user
+from core.permissions import IsResearcherOrOperator, ReadByRolesWriteByOperators
+from health.models import HealthSource
+from health.operators import health_source_update
 from health.selectors import gpu_capacity_by_partition, node_health_view
-from nodes.models import Node
+from nodes.models import Cluster, Node
 
 
 class GpuHealthSerializer(serializers.Serializer):
@@ -100,3 +104,55 @@ class GpuCapacityApi(APIView):
     def get(self, request: Request) -> Response:
         rows = gpu_capacity_by_partition()
         return Response(self.OutputSerializer(rows, many=True).data)
+
+
+class HealthSourceSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = HealthSource
+        fields = [
+            "directory",
+            "enabled",
+            "interval_seconds",
+            "last_collected_at",
+            "last_error",
+            "last_commands",
+            "last_bytes",
+            "last_seconds",
+            "last_counts",
+            "updated_at",
+        ]
+        read_only_fields = [name for name in fields if name.startswith("last_")] + ["updated_at"]
+
+
+class HealthSourceInputSerializer(serializers.Serializer):
+    # Checked again by the model (the path rule of Cluster.workdir, normal, not "/").
+    directory = serializers.CharField(max_length=512, required=False)
+    enabled = serializers.BooleanField(required=False)
+    interval_seconds = serializers.IntegerField(min_value=10, max_value=3600, required=False)
+
+
+class HealthSourceApi(APIView):
+    """Where the cluster's health-check hook leaves its probe files and how often Gantry
+    collects them, with the last collection's cost and error. ``configured`` false: none
+    yet (an operator's PUT with a directory makes one)."""
+
+    permission_classes = [ReadByRolesWriteByOperators]
+
+    @extend_schema(responses=HealthSourceSerializer)
+    def get(self, request: Request, cluster_id: int) -> Response:
+        cluster = get_object_or_404(Cluster, pk=cluster_id)
+        source = HealthSource.objects.filter(cluster=cluster).first()
+        body = HealthSourceSerializer(source or HealthSource(cluster=cluster)).data
+        return Response({**body, "configured": source is not None})
+
+    @extend_schema(request=HealthSourceInputSerializer, responses=HealthSourceSerializer)
+    def put(self, request: Request, cluster_id: int) -> Response:
+        cluster = get_object_or_404(Cluster, pk=cluster_id)
+        data = HealthSourceInputSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        source = health_source_update(
+            actor=request_user(request), cluster=cluster, **data.validated_data
+        )
+        return Response({**HealthSourceSerializer(source).data, "configured": True})
+
+    patch = put

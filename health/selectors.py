@@ -1,10 +1,12 @@
 """Reads for the pages and the API: a node's health with its GPUs, events and stack drift;
-GPU capacity per partition by health; the drain offer for a critical node."""
+GPU capacity per partition by health; the drain offer for a critical node; the fleet's
+health for /metrics; the job page's notice of nodes that turned unhealthy during the run."""
 
 from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from health.evaluate import ACTION_WORDS, State
@@ -160,3 +162,85 @@ def gpu_capacity_by_partition() -> list[PartitionCapacity]:
         if key in capacity:
             capacity[key].drifted_nodes = len({d.node for d in stack_drift(by_node)})
     return [capacity[key] for key in sorted(capacity)]
+
+
+@dataclass
+class FleetHealth:
+    """For /metrics: each node's state, and GPUs per cluster and state."""
+
+    # (cluster id, node name, state)
+    nodes: list[tuple[int, str, str]] = field(default_factory=list)
+    # (cluster id, state) -> GPUs
+    gpus: Counter[tuple[int, str]] = field(default_factory=Counter)
+
+
+def fleet_health() -> FleetHealth:
+    """Every node's health and its cluster's GPUs by health (the inventory's GPUs, as
+    ``gpu_capacity_by_partition`` counts them, once per cluster): three queries."""
+    found = FleetHealth()
+    nodes = list(
+        Node.objects.exclude(state=Node.State.GONE)
+        .order_by("cluster_id", "name")
+        .values_list("id", "cluster_id", "name", "health_state")
+    )
+    verdicts = {
+        (node_id, index): state
+        for node_id, index, state in GpuHealth.objects.values_list("node_id", "index", "state")
+    }
+    inventory: dict[int, list[int]] = {}
+    for node_id, index in Gpu.objects.values_list("node_id", "index"):
+        inventory.setdefault(node_id, []).append(index)
+    for node_id, cluster_id, name, node_state in nodes:
+        found.nodes.append((cluster_id, name, node_state))
+        for index in inventory.get(node_id, []):
+            state = verdicts.get((node_id, index), State.UNKNOWN)
+            if node_state == State.CRITICAL:
+                state = State.CRITICAL
+            found.gpus[(cluster_id, state)] += 1
+    return found
+
+
+@dataclass(frozen=True)
+class HealthNotice:
+    """A node a job ran on turned unhealthy while the job ran."""
+
+    node: str
+    node_id: int
+    state: str
+    at: datetime
+    reason: str
+
+
+def job_health_notices(
+    *, cluster_id: int, node_names: list[str], start: datetime | None, end: datetime
+) -> list[HealthNotice]:
+    """The nodes of ``node_names`` (on that cluster) whose health turned warning, critical
+    or unknown between ``start`` and ``end`` (the job's run), the first such change of
+    each node (one query). Nothing without a start."""
+    if start is None or not node_names:
+        return []
+    rows = (
+        HealthEvent.objects.filter(
+            node__cluster_id=cluster_id,
+            node__name__in=node_names[:1024],
+            gpu_index__isnull=True,
+            at__gte=start,
+            at__lte=end,
+            to_state__in=[State.WARNING, State.CRITICAL, State.UNKNOWN],
+        )
+        .select_related("node")
+        .order_by("at", "id")
+    )
+    notices: dict[str, HealthNotice] = {}
+    for row in rows[:200]:
+        notices.setdefault(
+            row.node.name,
+            HealthNotice(
+                node=row.node.name,
+                node_id=row.node_id,
+                state=row.to_state,
+                at=row.at,
+                reason=row.reason,
+            ),
+        )
+    return list(notices.values())

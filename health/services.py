@@ -1,11 +1,14 @@
 """Recording node probes: the one entry point is ``probe_record``.
 
-Whoever runs the probe (a periodic Slurm job per node, or the cluster's health-check hook)
+Whoever runs the probe (the cluster's health-check hook, collected by ``health.collection``)
 hands its JSON document here with the node it ran on. ``probe_record`` parses and judges
 it (``health.document``, ``health.evaluate``), stores the probe, the node's and each GPU's
 verdict and the stack, sets the node's ``health_state`` (which placement reads), and writes
 a ``HealthEvent`` (and a node timeline event) only when a state changes. Safe to call again
 with the same document: the verdict is the same, so nothing but the stored probe is new.
+
+``node_health_unknown`` is the other way a node's health changes: no fresh probe vouches
+for it (``STALE_REASON``), or its probe file was refused; it and its GPUs become unknown.
 """
 
 from __future__ import annotations
@@ -172,3 +175,64 @@ def probe_record(*, node: Node, document: object, now: datetime) -> NodeHealth:
         health = _record_node(node, verdict, contents, now)
         _record_gpus(node, verdict.gpus, now)
     return health
+
+
+# The reason a node whose newest probe is too old is unknown (``health.collection``).
+STALE_REASON = "probe is stale"
+
+
+def _gpus_unknown(node: Node, reason: str, now: datetime) -> None:
+    """Every GPU of the node that is not unknown yet becomes unknown, with an event: no
+    probe vouches for it any more."""
+    for row in GpuHealth.objects.select_for_update().filter(node=node).exclude(state=State.UNKNOWN):
+        HealthEvent.objects.create(
+            node=node,
+            gpu_index=row.index,
+            at=now,
+            from_state=row.state,
+            to_state=State.UNKNOWN,
+            reason=reason[:MAX_REASON],
+            action="watch",
+        )
+        GpuHealth.objects.filter(pk=row.pk).update(
+            state=State.UNKNOWN, reasons=[reason], action="watch"
+        )
+
+
+def node_health_unknown(*, node: Node, reasons: list[str], now: datetime) -> bool:
+    """The node's health becomes unknown with ``reasons`` (the first says why: a stale
+    probe, a probe file refused or unreadable), and so does every GPU of it, with events
+    where a state changed. The last probe's time and stack are kept. Fail closed: what no
+    fresh probe vouches for is not "ok". Returns whether the node's state changed. Safe to
+    repeat: the same reasons again change nothing."""
+    reasons = [str(reason)[:MAX_REASON] for reason in reasons if reason]
+    with transaction.atomic():
+        before = (
+            Node.objects.select_for_update().values_list("health_state", flat=True).get(pk=node.pk)
+        )
+        health, _created = NodeHealth.objects.get_or_create(node=node)
+        if health.state != State.UNKNOWN or list(health.reasons) != reasons:
+            health.state, health.reasons, health.action = State.UNKNOWN, reasons, "watch"
+            health.save(update_fields=["state", "reasons", "action", "updated_at"])
+        _gpus_unknown(node, reasons[0] if reasons else "unknown", now)
+        if before == State.UNKNOWN:
+            return False
+        Node.objects.filter(pk=node.pk).update(health_state=State.UNKNOWN)
+        node.health_state = State.UNKNOWN
+        summary = _summary(reasons, State.UNKNOWN)
+        HealthEvent.objects.create(
+            node=node,
+            at=now,
+            from_state=before,
+            to_state=State.UNKNOWN,
+            reason=summary,
+            action="watch",
+        )
+        NodeEvent.objects.create(
+            node=node,
+            kind="health",
+            from_state=before,
+            to_state=State.UNKNOWN,
+            message=f"GPU health: {summary}"[:512],
+        )
+    return True

@@ -15,9 +15,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 from django.db import connection, transaction
-from django.db.models import Count, Max, Sum
 
 from jobs.lifecycle import job_event
+from jobs.metric_retention import rollups_invalidate_from, stored_totals
 from jobs.models import Checkpoint, Job, JobEvent, MetricPoint, StateFingerprint
 from jobs.stragglers import rank_timing_update
 from trainer.schema import FINGERPRINT_FORMAT, METRIC_KEYS, Event, manifest_digest
@@ -90,6 +90,8 @@ def metrics_ingest(*, job: Job, data: bytes, start_offset: int) -> tuple[int, in
         updates.update(_rank_timing_updates(job, rank_lines))
         if not Job.objects.filter(id=job.id, metrics_offset=start_offset).update(**updates):
             return 0, start_offset
+        if points and not appends:
+            _rollups_superseded(job.id, min(points))
         if points:
             _metric_points_upsert(list(points.values()))
         if not appends:
@@ -198,28 +200,33 @@ def _column_sum(rows: Any, index: int) -> float:
     return float(sum(value for row in rows if (value := row[index]) is not None))
 
 
+def _rollups_superseded(job_id: Any, low_step: int) -> None:
+    """A chunk that may rewrite stored steps from ``low_step`` on: roll-ups of those steps
+    (``jobs.metric_retention``) go, so the replayed steps are not counted twice. The
+    caller's conditional offset update holds the job's row, as retention's batches do, so
+    the watermark read here is current."""
+    watermark = Job.objects.filter(id=job_id).values_list("metrics_rolled_up_to", flat=True)
+    current = watermark.first()
+    if current is None or low_step > current:
+        return
+    lowered = rollups_invalidate_from(job_id=job_id, step=low_step, watermark=current)
+    Job.objects.filter(id=job_id).update(metrics_rolled_up_to=lowered)
+
+
 def _totals_from_database(job_id: Any, new_offset: int) -> dict[str, Any]:
-    """The job's point sums read from the stored points (three indexed queries): after a
-    chunk that rewrote stored steps, or for a job whose sums were not kept."""
-    points = MetricPoint.objects.filter(job_id=job_id)
-    sums = points.aggregate(
-        count=Count("id"),
-        last=Max("step"),
-        step_time=Sum("step_time_s"),
-        data_time=Sum("data_time_s"),
-        blocking=Sum("checkpoint_blocking_s"),
-    )
-    first = points.order_by("step").values("wall_time", "elapsed_s").first()
-    last = points.order_by("-step").values("wall_time").first()
+    """The job's point sums read from the stored points and roll-ups (a few indexed
+    queries): after a chunk that rewrote stored steps, or for a job whose sums were not
+    kept."""
+    sums = stored_totals(job_id)
     return {
-        "points_count": sums["count"] or 0,
+        "points_count": sums["count"],
         "points_last_step": sums["last"],
-        "points_step_time_s": sums["step_time"] or 0.0,
-        "points_data_time_s": sums["data_time"] or 0.0,
-        "points_blocking_s": sums["blocking"] or 0.0,
-        "points_first_wall": first["wall_time"] if first else None,
-        "points_first_elapsed_s": first["elapsed_s"] if first else None,
-        "points_last_wall": last["wall_time"] if last else None,
+        "points_step_time_s": sums["step_time"],
+        "points_data_time_s": sums["data_time"],
+        "points_blocking_s": sums["blocking"],
+        "points_first_wall": sums["first_wall"],
+        "points_first_elapsed_s": sums["first_elapsed"],
+        "points_last_wall": sums["last_wall"],
         "points_totals_offset": new_offset,
         "points_rebuilt_offset": new_offset,
     }
@@ -411,6 +418,33 @@ def _describe_trainer_event(event: dict[str, Any]) -> str:
     return json.dumps(event)[:500]
 
 
+_NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+
+
+def finite_json(value: Any) -> Any:
+    """``value`` with every non-finite float as the string JSON would need for it
+    (``"NaN"``, ``"Infinity"``, ``"-Infinity"``); ``nonfinite_restored`` reverses it."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, dict):
+        return {key: finite_json(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [finite_json(item) for item in value]
+    return value
+
+
+def nonfinite_restored(value: Any, *, key: str = "") -> Any:
+    """A stored fingerprint with its non-finite floats back (where ``finite_json`` put a
+    string in place of a number: the fields ``sum``, ``sumsq`` and ``sketch``)."""
+    if isinstance(value, dict):
+        return {k: nonfinite_restored(item, key=k) for k, item in value.items()}
+    if isinstance(value, list):
+        return [nonfinite_restored(item, key=key) for item in value]
+    if key in ("sum", "sumsq", "sketch") and isinstance(value, str) and value in _NONFINITE:
+        return _NONFINITE[value]
+    return value
+
+
 def fingerprint_store(
     *, job: Job, step: Any, data: Any, source: str = StateFingerprint.Source.EVENT
 ) -> bool:
@@ -423,7 +457,9 @@ def fingerprint_store(
     if not isinstance(step, int) or not isinstance(tensors, dict) or data.get("step") != step:
         logger.warning("job %s: malformed state fingerprint for step %r ignored", job.id, step)
         return False
-    values = {"data": data, "tensors": len(tensors), "source": source}
+    # A state that went NaN (a diverged run) has non-finite sums: JSON has no such numbers
+    # and the database's JSON check refuses them, so they are kept as strings.
+    values = {"data": finite_json(data), "tensors": len(tensors), "source": source}
     if source == StateFingerprint.Source.EVENT:
         StateFingerprint.objects.update_or_create(job=job, step=step, defaults=values)
         return True

@@ -137,6 +137,10 @@ class Job(SlurmTracked):
     # the newest one (a chunk that rewrote stored steps, a bulk load): a downsampled series
     # built since then can be extended with the new steps alone (``jobs.metric_series``).
     points_rebuilt_offset = models.BigIntegerField(null=True, blank=True)
+    # Metric retention's watermark (``jobs.metric_retention``): every roll-up bucket of the
+    # job ending at or below this step is rolled up, but for the steps it keeps raw. Moved
+    # in the transaction that deletes the rolled-up points, conditionally on its old value.
+    metrics_rolled_up_to = models.PositiveIntegerField(null=True, blank=True)
 
     ended_at = models.DateTimeField(null=True, blank=True)
 
@@ -281,6 +285,54 @@ class MetricPoint(models.Model):
 
     def __str__(self) -> str:
         return f"{self.job_id}@{self.step}"
+
+
+class MetricRollup(models.Model):
+    """The logged steps of one aligned bucket (``first_step // GANTRY_METRICS_ROLLUP_BUCKET``)
+    that metric retention (``jobs.metric_retention``) folded together and deleted. Sums and
+    value counts per series, so that goodput's sums stay exact and chart buckets that hold
+    several roll-ups average them exactly; the loss's mean, min and max are over its finite
+    values, and ``loss_nonfinite`` counts the NaN and infinite ones."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="metric_rollups")
+    first_step = models.PositiveIntegerField()
+    last_step = models.PositiveIntegerField()
+    count = models.PositiveIntegerField()
+    first_wall_time = models.DateTimeField()
+    last_wall_time = models.DateTimeField()
+    first_elapsed_s = models.FloatField(null=True, blank=True)
+    loss_min = models.FloatField(null=True, blank=True)
+    loss_max = models.FloatField(null=True, blank=True)
+    loss_mean = models.FloatField(null=True, blank=True)
+    loss_nonfinite = models.PositiveIntegerField(default=0)
+    step_time_mean = models.FloatField(null=True, blank=True)
+    samples_per_s_mean = models.FloatField(null=True, blank=True)
+    # Per series of the chart (``jobs.selectors.METRIC_SERIES``): the sum and the number of
+    # values (the loss's finite ones only); a mean skips missing values, as SQL's AVG does.
+    loss_sum = models.FloatField(default=0.0)
+    loss_count = models.PositiveIntegerField(default=0)
+    samples_per_s_sum = models.FloatField(default=0.0)
+    samples_per_s_count = models.PositiveIntegerField(default=0)
+    tokens_per_s_sum = models.FloatField(default=0.0)
+    tokens_per_s_count = models.PositiveIntegerField(default=0)
+    step_time_sum = models.FloatField(default=0.0)
+    step_time_count = models.PositiveIntegerField(default=0)
+    data_time_sum = models.FloatField(default=0.0)
+    data_time_count = models.PositiveIntegerField(default=0)
+    checkpoint_blocking_sum = models.FloatField(default=0.0)
+    checkpoint_blocking_count = models.PositiveIntegerField(default=0)
+    elapsed_sum = models.FloatField(default=0.0)
+    elapsed_count = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        ordering = ["job", "first_step"]
+        # One roll-up per bucket: a second worker rolling the same bucket up fails here.
+        constraints = [
+            models.UniqueConstraint(fields=["job", "first_step"], name="metricrollup_unique_step")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.job_id}@{self.first_step}-{self.last_step}"
 
 
 class Checkpoint(models.Model):

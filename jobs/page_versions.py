@@ -126,7 +126,14 @@ JOB_PAGE_SHOWS: tuple[Shown, ...] = (
     Shown(Cluster, ("workdir", "python"), relation="cluster", page=True),
     Shown(User, (User.USERNAME_FIELD,), relation="owner", page=True),
     Shown(Job, ("name",), relation="parent", page=True),
-    Shown(Checkpoint, ("step", "path"), relation="resume_from", page=True),
+    # The script holds the resume to the registered manifest's digest; the stack notice
+    # compares the manifest's versions with the job's.
+    Shown(
+        Checkpoint,
+        ("step", "path", "manifest_digest", "manifest"),
+        relation="resume_from",
+        page=True,
+    ),
     # The jobs resumed from this one, whole.
     Shown(Job, "__all__", relation="children", order=("-created_at",), page=True),
 )

@@ -20,7 +20,9 @@ from django.db.models import Q
 from django.utils import timezone
 
 from jobs.ingest import checkpoint_register, metrics_ingest
-from jobs.models import Checkpoint, Job
+from jobs.lifecycle import job_event
+from jobs.models import Checkpoint, Job, JobEvent
+from jobs.stack_change import stack_changes
 from nodes.cluster_access import transport_as
 from nodes.models import Cluster
 from nodes.slurm import errors as slurm_errors
@@ -97,7 +99,7 @@ def _read_run_files(
             job, transport, f"{directory}/acceptance.json", ACCEPTANCE_MAX_BYTES, result
         )
         if acceptance is not None:
-            Job.objects.filter(id=job.id, acceptance__isnull=True).update(acceptance=acceptance)
+            acceptance_store(job, acceptance)
     present = {path.rsplit("/", 2)[-2] for path in files.manifests}
     for step_name in sorted(known_steps - present):
         # The trainer's retention (checkpoint_keep) deleted it: keep the row, say so.
@@ -138,6 +140,22 @@ def run_directories_of(cluster: Cluster, jobs: list[Job]) -> list[tuple[str, Any
         )
         for job in jobs
     ]
+
+
+def acceptance_store(job: Job, acceptance: Any) -> None:
+    """Keep the job's acceptance manifest (once); a resume onto another software stack
+    than its checkpoint's goes on the timeline."""
+    if not Job.objects.filter(id=job.id, acceptance__isnull=True).update(acceptance=acceptance):
+        return
+    job.acceptance = acceptance
+    changes = stack_changes(job)
+    if changes:
+        job_event(
+            job,
+            JobEvent.Kind.RESUMED,
+            message="resumed onto another software stack than its checkpoint's: "
+            + ", ".join(changes),
+        )
 
 
 def run_files_read(

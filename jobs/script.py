@@ -27,6 +27,10 @@ def job_script_spec(job: Job, *, trainer_path: str, resume_path: str | None) -> 
     args = ["train", "--config", f"{directory}/config.json", "--run-dir", directory]
     if resume_path:
         args += ["--resume", resume_path]
+        checkpoint = job.resume_from if job.resume_from_id else None
+        if checkpoint is not None and checkpoint.manifest_digest and checkpoint.path == resume_path:
+            # The manifest Gantry registered (and proved): a rewritten one is refused.
+            args += ["--resume-digest", checkpoint.manifest_digest]
     return ScriptSpec(
         job_id=str(job.id),
         job_name=job.name,

@@ -34,7 +34,7 @@ from core.errors import FieldError
 from core.roles import is_operator
 from core.types import MaybeUser, User
 from jobs.goodput.selectors import job_goodput as job_goodput
-from jobs.metric_series import downsampled_series
+from jobs.metric_series import downsampled_series, ranged_series
 from jobs.models import Checkpoint, Job, MetricPoint
 from nodes.models import Node
 from nodes.slurm.hostlist import expand
@@ -197,6 +197,16 @@ def _job_metrics_uncached(
             "downsampled": True,
             "step": series["step"],
             "series": series["series"],
+            "optimal_loss": job.optimal_loss,
+            "target_loss": job.target_loss,
+            "target_reached_step": job.target_reached_step,
+        }
+    rolled_to = job.metrics_rolled_up_to
+    if rolled_to is not None and (step_min is None or step_min <= rolled_to):
+        # Steps rolled up by metric retention are in range: raw points and roll-ups.
+        return {
+            "job": str(job.id),
+            **ranged_series(job, step_min, step_max, max_points, METRIC_SERIES),
             "optimal_loss": job.optimal_loss,
             "target_loss": job.target_loss,
             "target_reached_step": job.target_reached_step,

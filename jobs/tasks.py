@@ -6,7 +6,8 @@ from typing import Any
 
 from celery import shared_task
 
-from controlplane.tasknames import JOB_SUBMIT
+from controlplane.tasknames import JOB_SUBMIT, METRICS_ROLLUP
+from jobs.metric_retention import metrics_rollup_due
 from jobs.services import job_submit_gave_up, job_submit_to_slurm
 from nodes.slurm.errors import TRANSIENT_ERRORS
 
@@ -34,3 +35,12 @@ def job_submit_task(self: Any, job_id: str) -> str:
             job_submit_gave_up(job_id=job_id, error=error)
             return "gave up for now: cluster unreachable"
         raise
+
+
+@shared_task(name=METRICS_ROLLUP, time_limit=300, soft_time_limit=240)
+def metrics_rollup_task() -> dict[str, int]:
+    """Beat's metric retention run (``jobs.metric_retention``): rolls long jobs' old steps
+    up within a time budget, the rest next run. Safe to re-run and to overlap: each batch
+    moves the job's watermark conditionally, in the transaction that deletes its points."""
+    result = metrics_rollup_due(time_budget_s=180.0)
+    return {"jobs": result.jobs, "buckets": result.buckets, "points": result.points}

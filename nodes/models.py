@@ -267,6 +267,14 @@ class HealthState(models.TextChoices):
     UNKNOWN = "unknown", "unknown (never probed, or the probe could not tell)"
 
 
+class AcceptanceState(models.TextChoices):
+    """A node's newest acceptance finding ("": never tested, or nothing conclusive)."""
+
+    NONE = "", "not tested"
+    CERTIFIED = "certified", "certified (passed an acceptance run)"
+    CONVICTED = "convicted", "convicted (an acceptance run found it at fault)"
+
+
 class Node(models.Model):
     HealthState = HealthState
 
@@ -312,6 +320,11 @@ class Node(models.Model):
     # critical nodes are avoided, warning ones dispreferred, unknown (never probed) neutral.
     health_state = models.CharField(
         max_length=16, choices=HealthState.choices, default=HealthState.UNKNOWN
+    )
+    # The node's newest acceptance finding (``acceptance`` sets it when a certificate is
+    # issued): certified nodes are preferred by placement, convicted ones never proposed.
+    acceptance_state = models.CharField(
+        max_length=16, choices=AcceptanceState.choices, default="", blank=True
     )
     updated_at = models.DateTimeField(auto_now=True)
 

@@ -89,6 +89,7 @@ def placement_inputs(
                 intra_node_link=links.get(node.id, "unknown"),
                 free_at=free_at.get(node.name),
                 health=node.health_state,
+                acceptance=node.acceptance_state,
             )
         )
     return infos, switch_infos

@@ -30,12 +30,14 @@ from controlplane.tasknames import NOTIFICATION_DELIVER, task_send
 from core.roles import OPERATORS, RESEARCHERS
 from jobs.models import JobEvent
 from nodes.models import NodeEvent
+from notifications.acceptance_source import acceptance_outcomes
 from notifications.models import Cursor, Delivery, Event, Subscription
 from notifications.sources import (
     EventDraft,
     Window,
     breaches,
     drill_outcomes,
+    health_changes,
     incidents,
     job_endings,
     newest_id,
@@ -204,6 +206,8 @@ def notifications_collect(*, now: datetime | None = None) -> CollectResult:
             *node_changes(window=_window(cursor.node_event_id, node_event_id, since)),
             *breaches(now=now),
             *incidents(since=since),
+            *health_changes(since=since),
+            *acceptance_outcomes(since=since),
         ]
         events = _record(drafts)
         deliveries = _deliveries(events, now=now)

@@ -7,6 +7,9 @@
   going from draining to drained is not a second drain);
 - a recovery incident opened, and closed (recovered, held, not recovered, left running):
   ``Incident.detected_at`` / ``closed_at`` (one event each per incident);
+- a node's or a GPU's health turning warning, critical or unknown, or back to ok from a state
+  it had been judged in (``HealthEvent``; one event per node and probe, whichever of its
+  GPUs changed: a node going critical with its GPU is one notification, not two);
 - a running job over its cluster's proven-age limit (``jobs.goodput.work_at_risk``): one per job and
   newest proven checkpoint, so a job that gets a new proof and ages past the limit again is
   a new breach.
@@ -24,10 +27,12 @@ from datetime import datetime
 from typing import Any
 
 from django.conf import settings
-from django.db.models import F, Max, Q
+from django.db.models import Exists, F, Max, OuterRef, Q, Value
+from django.db.models.functions import Coalesce
 from django.urls import reverse
 
 from drills.models import RestoreDrill
+from health.models import HealthEvent
 from jobs.goodput.ledger import format_duration
 from jobs.goodput.work_at_risk import proven_age_breaches
 from jobs.models import Job, JobEvent
@@ -292,4 +297,70 @@ def incidents(*, since: datetime) -> list[EventDraft]:
                     data=data,
                 )
             )
+    return drafts
+
+
+BAD_HEALTH = frozenset({"warning", "critical", "unknown"})
+
+
+def _health_rows(since: datetime) -> list[HealthEvent]:
+    """Health changes after ``since`` (the ``at`` index), each told whether the same node
+    or GPU had an earlier change (so a first verdict of "ok" is no news)."""
+    slot = Coalesce("gpu_index", Value(-1))
+    earlier = HealthEvent.objects.annotate(slot=slot).filter(
+        node_id=OuterRef("node_id"), slot=OuterRef("slot"), id__lt=OuterRef("id")
+    )
+    return list(
+        HealthEvent.objects.filter(at__gt=since)
+        .annotate(slot=slot, earlier=Exists(earlier))
+        .select_related("node", "node__cluster")
+        .order_by("at", "id")
+    )
+
+
+def _health_news(row: HealthEvent) -> bool:
+    if row.to_state in BAD_HEALTH:
+        return True
+    return row.from_state != "unknown" or bool(getattr(row, "earlier", False))
+
+
+def health_changes(*, since: datetime) -> list[EventDraft]:
+    """One event per node and moment (one probe's changes) with news in it."""
+    groups: dict[tuple[int, datetime], list[HealthEvent]] = {}
+    for row in _health_rows(since):
+        groups.setdefault((row.node_id, row.at), []).append(row)
+    drafts = []
+    for rows in groups.values():
+        if not any(_health_news(row) for row in rows):
+            continue
+        node = rows[0].node
+        main = next((row for row in rows if row.gpu_index is None), rows[0])
+        where = "" if main.gpu_index is None else f" GPU {main.gpu_index}"
+        drafts.append(
+            EventDraft(
+                source_key=f"health:{node.id}:{min(row.id for row in rows)}",
+                kind=EventKind.HEALTH_CHANGED,
+                occurred_at=main.at,
+                title=f"node {node.cluster.name}/{node.name}{where}: {main.from_state} → "
+                f"{main.to_state}: {main.reason}"[:200],
+                cluster_id=node.cluster_id,
+                data={
+                    "node": {
+                        "name": node.name,
+                        "cluster": node.cluster.name,
+                        "url": link(reverse("node-detail", args=[node.id])),
+                    },
+                    "changes": [
+                        {
+                            "gpu": row.gpu_index,
+                            "from_state": row.from_state,
+                            "to_state": row.to_state,
+                            "reason": row.reason,
+                            "action": row.action,
+                        }
+                        for row in rows
+                    ],
+                },
+            )
+        )
     return drafts

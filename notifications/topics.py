@@ -2,10 +2,11 @@
 
 A user's own topics: their jobs ending, their restore drills finishing (drills of their jobs
 or that they started). Operators' topics: cluster events (a node drained or down, any
-drill failing, a running job's proven checkpoint older than its cluster allows), optionally
-for one cluster. One event reaches one subscription at most once, whichever of its topics
-match: ``subscription_wants`` is the one rule, used when deliveries are made and again
-right before one is sent (a person who lost the operator role gets nothing more).
+drill failing, a running job's proven checkpoint older than its cluster allows, a node's or
+a GPU's health changing), optionally for one cluster. One event reaches one subscription at
+most once, whichever of its topics match: ``subscription_wants`` is the one rule, used when
+deliveries are made and again right before one is sent (a person who lost the operator role
+gets nothing more).
 """
 
 from __future__ import annotations
@@ -31,6 +32,14 @@ class Topic(models.TextChoices):
         "my jobs crash, hang or diverge, and how recovery ends (recovered, held)",
     )
     INCIDENT_HELD = "incident.held", "recovery holds a run for a person (operators)"
+    HEALTH = (
+        "health",
+        "a node or GPU turns warning, critical or unknown, and back (operators)",
+    )
+    ACCEPTANCE = (
+        "acceptance",
+        "acceptance runs end (passed, failed, inconclusive) and convict nodes (operators)",
+    )
 
 
 OPERATOR_TOPICS = frozenset(
@@ -40,6 +49,8 @@ OPERATOR_TOPICS = frozenset(
         Topic.DRILL_FAILED,
         Topic.PROVEN_AGE_BREACH,
         Topic.INCIDENT_HELD,
+        Topic.HEALTH,
+        Topic.ACCEPTANCE,
     }
 )
 
@@ -52,6 +63,9 @@ class EventKind(models.TextChoices):
     PROVEN_AGE_BREACH = "proven_age.breach"
     INCIDENT_OPENED = "incident.opened"
     INCIDENT_CLOSED = "incident.closed"
+    HEALTH_CHANGED = "health.changed"
+    ACCEPTANCE_ENDED = "acceptance.ended"
+    ACCEPTANCE_CONVICTED = "acceptance.convicted"
 
 
 @dataclass(frozen=True)
@@ -78,6 +92,9 @@ _OPERATOR_TOPIC_OF_KIND: dict[str, str] = {
     EventKind.NODE_DRAINED.value: Topic.NODE_DRAINED.value,
     EventKind.NODE_DOWN.value: Topic.NODE_DOWN.value,
     EventKind.PROVEN_AGE_BREACH.value: Topic.PROVEN_AGE_BREACH.value,
+    EventKind.HEALTH_CHANGED.value: Topic.HEALTH.value,
+    EventKind.ACCEPTANCE_ENDED.value: Topic.ACCEPTANCE.value,
+    EventKind.ACCEPTANCE_CONVICTED.value: Topic.ACCEPTANCE.value,
 }
 
 

@@ -9,6 +9,7 @@ import math
 from datetime import datetime
 
 from django.db import transaction
+from django.db.models import QuerySet
 
 from core.audit import AuditAction, audit_event_record
 from core.errors import ApplicationError
@@ -68,10 +69,11 @@ def choose_checkpoint(incident: Incident, job: Job, now: datetime) -> Checkpoint
     cluster, whose integrity check did not fail. The newest proven one wins, unless newer
     ones exist: the newest of those is drilled first (on an allocation like the job's),
     and used if it passes; a failed, inconclusive or erroneous drill skips it."""
+    _settle_proving_drill(incident)
     lineage = lineage_jobs(incident.lineage_root)
-    found = Checkpoint.objects.filter(job__in=lineage, deleted_at__isnull=True).exclude(
-        integrity=Checkpoint.Integrity.FAILED
-    )
+    on_cluster = Checkpoint.objects.filter(job__in=lineage, deleted_at__isnull=True)
+    _note_failed_integrity(incident, on_cluster)
+    found = on_cluster.exclude(integrity=Checkpoint.Integrity.FAILED)
     trusted_below = divergence_bound(job, _first_bad_step(incident, job))
     if trusted_below is not None:
         # Saved at or after the last step that showed the weights finite: may hold the NaN.
@@ -139,6 +141,55 @@ def divergence_bound(job: Job, first_bad: int | None) -> int | None:
     return started + 1
 
 
+def _note_failed_integrity(incident: Incident, on_cluster: QuerySet[Checkpoint]) -> None:
+    """Write down, among the skipped, each checkpoint of the lineage whose integrity check
+    (or a drill) failed: the incident says why the newest ones were not resumed from."""
+    skipped = dict(incident.skipped or {})
+    added = False
+    for step, detail in on_cluster.filter(integrity=Checkpoint.Integrity.FAILED).values_list(
+        "step", "integrity_detail"
+    ):
+        if str(step) not in skipped:
+            skipped[str(step)] = f"integrity check failed: {detail or 'no detail'}"[:300]
+            added = True
+    if added:
+        Incident.objects.filter(pk=incident.pk).update(skipped=skipped)
+        incident.skipped = skipped
+
+
+def _proving_outcome(drill: RestoreDrill) -> str | None:
+    """Why a finished proving drill does not prove its checkpoint (None: it does)."""
+    drill.checkpoint.refresh_from_db()
+    if drill.verdict == RestoreDrill.Verdict.PASSED and drill.checkpoint.last_proven_at:
+        return None
+    if drill.verdict == RestoreDrill.Verdict.PASSED:
+        # Run as the checkpoint's owner (the cluster has no verifier account): the owner
+        # attested it, which proves nothing (README, "Drills that count as proof").
+        return "passed a self-attested drill, which is not proof (no verifier account)"
+    return f"drill {drill.verdict or drill.state}: {drill.reason}"[:300]
+
+
+def _settle_proving_drill(incident: Incident) -> None:
+    """Record the verdict of the incident's proving drill once it finished: a failed drill
+    also marks its checkpoint's integrity failed, which takes it out of the candidates,
+    so the reason is written down here, before the candidates are read again."""
+    if not incident.proving_drill_id:
+        return
+    drill = (
+        RestoreDrill.objects.filter(pk=incident.proving_drill_id)
+        .select_related("checkpoint")
+        .first()
+    )
+    if drill is None or drill.is_active:
+        return
+    why = _proving_outcome(drill)
+    skipped = dict(incident.skipped or {})
+    if why is not None:
+        skipped[str(drill.checkpoint.step)] = why
+    Incident.objects.filter(pk=incident.pk).update(skipped=skipped, proving_drill_id=None)
+    incident.skipped, incident.proving_drill_id = skipped, None
+
+
 def _prove_first(
     incident: Incident, checkpoint: Checkpoint, skipped: dict[str, str], now: datetime
 ) -> Checkpoint | str:
@@ -147,22 +198,8 @@ def _prove_first(
         if incident.proving_drill_id
         else None
     )
-    if drill is not None and drill.checkpoint_id == checkpoint.pk:
-        if drill.is_active:
-            return _WAITING
-        drill.checkpoint.refresh_from_db()
-        if drill.verdict == RestoreDrill.Verdict.PASSED and drill.checkpoint.last_proven_at:
-            return drill.checkpoint
-        if drill.verdict == RestoreDrill.Verdict.PASSED:
-            # Run as the checkpoint's owner (the cluster has no verifier account): the owner
-            # attested it, which proves nothing (README, "Drills that count as proof").
-            why = "passed a self-attested drill, which is not proof (no verifier account)"
-        else:
-            why = f"drill {drill.verdict or drill.state}: {drill.reason}"
-        skipped[str(checkpoint.step)] = why[:300]
-        Incident.objects.filter(pk=incident.pk).update(skipped=skipped, proving_drill_id=None)
-        incident.skipped, incident.proving_drill_id = skipped, None
-        return choose_checkpoint(incident, incident.job, now)
+    if drill is not None and drill.checkpoint_id == checkpoint.pk and drill.is_active:
+        return _WAITING
     try:
         drill = restore_drill_start(
             actor=None, checkpoint=checkpoint, trigger=RestoreDrill.Trigger.RECOVERY

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import transaction
@@ -29,6 +29,7 @@ from jobs.recovery_settings import OnHang, RecoverySettings
 from jobs.stragglers import STRAGGLER_MARGIN, stragglers
 from nodes.models import Cluster, Node
 from nodes.slurm.hostlist import expand
+from nodes.tasks import cluster_sync_task
 from recovery.detect import (
     SPIKE_PERSIST,
     SPIKE_WINDOW,
@@ -48,6 +49,9 @@ from runs.rundir import RunDirectory
 logger = logging.getLogger(__name__)
 
 # Node states that say a node itself is at fault (the inventory's view of Slurm's).
+# A node failure, and a hang nobody was named for (a dead node's ranks stop beating with
+# it, and its slurmd may not have been declared dead yet).
+_NODE_VIEW_SIGNALS = frozenset({Incident.Signal.NODE_FAILURE, Incident.Signal.HANG})
 _FAULTY_NODE_STATES = {"down", "drain", "drained", "draining", "fail", "failing", "not_responding"}
 
 
@@ -91,14 +95,20 @@ def _open(
 
 
 def _suspects(job: Job, signal: str) -> list[tuple[Node, str]]:
-    """Nodes of the job's allocation the evidence points at: on a node failure, those the
-    inventory shows down, drained or failing. Nothing is named without such evidence."""
-    if signal != Incident.Signal.NODE_FAILURE or not job.allocated_nodes:
+    """Nodes of the job's allocation the evidence points at: on a node failure (or a hang),
+    those the inventory shows down, drained, failing or not responding. Nothing is named
+    without such evidence."""
+    if signal not in _NODE_VIEW_SIGNALS or not job.allocated_nodes:
         return []
     try:
         names = expand(job.allocated_nodes)
     except ValueError:
         return []
+    what = (
+        f"Slurm ended job {job.slurm_job_id} with NODE_FAIL"
+        if signal == Incident.Signal.NODE_FAILURE
+        else f"job {job.slurm_job_id} stopped making progress"
+    )
     found = []
     for node in Node.objects.filter(cluster=job.cluster, name__in=names):
         state = (node.state or "").lower()
@@ -107,7 +117,7 @@ def _suspects(job: Job, signal: str) -> list[tuple[Node, str]]:
             found.append(
                 (
                     node,
-                    f"Slurm ended job {job.slurm_job_id} with NODE_FAIL; {node.name} was "
+                    f"{what}; {node.name} was "
                     f"{node.state}{' (' + ', '.join(sorted(flags)) + ')' if flags else ''}",
                 )
             )
@@ -366,10 +376,39 @@ def _advance(incident: Incident, now: datetime) -> bool:
     if not job.files_final:
         # Its last checkpoints are still being read: choose once they are known.
         return False
+    if _awaiting_node_view(incident, job, now):
+        return False
     stop = _limits_reached(incident, settings)
     if stop:
         return incident_move(incident, Incident.Outcome.HELD, reason=stop)
     return resume_on_proof(incident, job, settings, now)
+
+
+# How long a node failure's resume waits for a view of the nodes newer than the failure
+# (so the failed node is named and left out), before it resumes without one.
+NODE_VIEW_WAIT = timedelta(minutes=2)
+
+
+def _awaiting_node_view(incident: Incident, job: Job, now: datetime) -> bool:
+    """A node failure (or a hang) with no suspect named yet: ask for a node sync once and
+    wait for it (up to ``NODE_VIEW_WAIT``), then name the nodes it shows down or failing."""
+    if incident.signal not in _NODE_VIEW_SIGNALS or incident.suspect_nodes:
+        return False
+    cluster = Cluster.objects.get(pk=incident.cluster_id)
+    synced = cluster.last_sync_ok_at
+    if synced is not None and synced >= incident.detected_at:
+        _name_suspects(incident, job, list(_suspects(job, incident.signal)))
+        return False
+    if now - incident.detected_at > NODE_VIEW_WAIT:
+        return False
+    evidence = dict(incident.evidence or {})
+    if not evidence.get("node_sync_requested"):
+        evidence["node_sync_requested"] = now.isoformat()
+        Incident.objects.filter(pk=incident.pk).update(evidence=evidence)
+        incident.evidence = evidence
+        cluster_id = cluster.pk
+        transaction.on_commit(lambda: cluster_sync_task.delay(cluster_id))
+    return True
 
 
 def _cancel_what_is_left(incident: Incident, job: Job, now: datetime) -> bool:

@@ -49,8 +49,9 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
+from nodes.slurm.client import CommandRunner as ExecTransport
 from nodes.slurm.errors import SlurmError
 from runs.runtime import user_area
 
@@ -71,17 +72,6 @@ _STEP_NAME = re.compile(r"step-[^/\x00\n]{1,200}")
 
 class BatchOutputError(SlurmError):
     """The reader's answer is not what the program writes: refused whole."""
-
-
-class ExecTransport(Protocol):
-    def exec(
-        self,
-        argv: Sequence[str],
-        *,
-        stdin: bytes | None = None,
-        timeout: float | None = None,
-        check: bool = True,
-    ) -> Any: ...
 
 
 @dataclass(frozen=True)

@@ -5,8 +5,11 @@ and a lineage cancelled at the end so nothing is left running on the shared clus
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -102,3 +105,98 @@ def submit(api: APIClient, *, name: str, nodes: int, steps: int, every: int, **e
     )
     assert response.status_code == 202, response.json()
     return Job.objects.get(id=response.json()["id"])
+
+
+TRIALS_FILE = Path(__file__).resolve().parent.parent / "test-artifacts" / "recovery-trials.jsonl"
+
+
+def trial_record(kind: str, incident: Any, **extra: Any) -> dict[str, Any]:
+    """One recovery trial's figures, appended to test-artifacts/recovery-trials.jsonl (read
+    by bench/recovery_bench.py): time to detect against the budget, and where the time
+    from detection to the resumed run's first step went: Gantry's own part (detected →
+    cancel sent, and the later of cancelled / proving drill finished → resume submitted)
+    against the rest (Slurm ending the job, the proving drill, the queue, start-up)."""
+    from drills.models import RestoreDrill
+    from jobs.models import MetricPoint
+
+    incident.refresh_from_db()
+    record: dict[str, Any] = {
+        "kind": kind,
+        "signal": incident.signal,
+        "outcome": incident.outcome,
+        "detect_s": incident.time_to_detect_s,
+        "budget_s": (incident.evidence or {}).get("budget_s"),
+        "lost_steps": incident.lost_steps,
+        "suspects": list(incident.suspect_nodes or []),
+        "resumed_from": incident.resumed_from.step if incident.resumed_from else None,
+        **extra,
+    }
+    resumed = incident.resumed_job
+    first = (
+        MetricPoint.objects.filter(job=resumed)
+        .order_by("step")
+        .values_list("wall_time", flat=True)
+        .first()
+        if resumed is not None
+        else None
+    )
+    if resumed is not None and first is not None and incident.resumed_at:
+        detected = incident.detected_at
+        gantry = 0.0
+        if incident.cancel_requested_at:
+            gantry += (incident.cancel_requested_at - detected).total_seconds()
+        ready = incident.cancelled_at or detected
+        drill = (
+            RestoreDrill.objects.filter(checkpoint=incident.resumed_from, trigger="recovery")
+            .order_by("-finished_at")
+            .first()
+        )
+        if drill is not None and drill.finished_at and drill.finished_at > ready:
+            ready = drill.finished_at
+        gantry += max(0.0, (incident.resumed_at - ready).total_seconds())
+        total = (first - detected).total_seconds()
+        record.update(
+            gantry_s=round(gantry, 3),
+            detect_to_first_step_s=round(total, 3),
+            gantry_share=round(gantry / total, 4) if total > 0 else None,
+        )
+    append_trial(record)
+    return record
+
+
+def append_trial(record: dict[str, Any]) -> None:
+    TRIALS_FILE.parent.mkdir(parents=True, exist_ok=True)
+    with TRIALS_FILE.open("a") as handle:
+        handle.write(json.dumps(record, default=str) + "\n")
+
+
+CGROUP_CPU = Path("/sys/fs/cgroup/cpu")
+
+
+@contextlib.contextmanager
+def cpu_quota(percent: int, name: str) -> Iterator[Callable[[int], None]]:
+    """A cgroup (v1 cpu controller) with a CPU quota of ``percent`` of one CPU; yields a
+    function that moves a process into it. On the way out every process goes back to the
+    root group and the cgroup is removed. A slow node here: nothing the code under test
+    reads, only less CPU for that node's processes."""
+    group = CGROUP_CPU / f"gantry-{name}-{os.getpid()}"
+    group.mkdir()
+
+    def add(pid: int) -> None:
+        with contextlib.suppress(OSError):
+            (group / "cgroup.procs").write_text(str(pid))
+
+    try:
+        (group / "cpu.cfs_period_us").write_text("100000")
+        (group / "cpu.cfs_quota_us").write_text(str(percent * 1000))
+        yield add
+    finally:
+        for pid in (group / "cgroup.procs").read_text().split():
+            with contextlib.suppress(OSError):
+                (CGROUP_CPU / "cgroup.procs").write_text(pid)
+        for _ in range(50):
+            try:
+                group.rmdir()
+                break
+            except OSError:
+                time.sleep(0.2)

@@ -35,6 +35,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--run-dir", required=True)
     t.add_argument("--resume", help="checkpoint directory or 'latest'")
     t.add_argument(
+        "--resume-digest",
+        help="the manifest digest Gantry registered for --resume (else refused: not_as_registered)",
+    )
+    t.add_argument(
         "--strategy",
         choices=list(STRATEGIES),
         help="override the config's strategy (e.g. resume an FSDP checkpoint with DDP)",
@@ -200,7 +204,16 @@ def _run_distributed(args: argparse.Namespace) -> tuple[int, bool]:
         if args.command == "train":
             from .train import train
 
-            code = train(cfg, args.run_dir, args.resume, env, device, backend, args.strategy)
+            code = train(
+                cfg,
+                args.run_dir,
+                args.resume,
+                env,
+                device,
+                backend,
+                args.strategy,
+                resume_digest=args.resume_digest,
+            )
         else:
             from .drill import run
 

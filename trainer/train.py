@@ -19,7 +19,7 @@ from . import dist
 from .config import Config, validate
 from .heartbeat import Heartbeat
 from .metrics import MetricsWriter
-from .schema import ACCEPTANCE_SCHEMA, Event
+from .schema import ACCEPTANCE_SCHEMA, Event, manifest_digest
 from .session import Session
 
 EXIT_OK, EXIT_FAILED, EXIT_INPUT = 0, 1, 2
@@ -100,14 +100,26 @@ class ResumePoint:
     notes: list[str] = field(default_factory=list)
 
 
-def resolve_resume(run_dir: str, resume: str, env: dist.DistEnv) -> ResumePoint | str:
+def resolve_resume(
+    run_dir: str, resume: str, env: dist.DistEnv, digest: str | None = None
+) -> ResumePoint | str:
     """Rank 0 resolves ``--resume`` (a path, or ``latest``: the newest verified checkpoint)
-    and tells the others; returns the resume point, or why resuming is impossible."""
+    and tells the others; returns the resume point, or why resuming is impossible. With
+    ``digest`` (``--resume-digest``: the manifest digest Gantry registered and proved), a
+    checkpoint whose manifest is no longer that one is refused: rewritten after the proof,
+    every hash in it may be valid and the state still not the one proven."""
     result: tuple[str | None, list[str], str | None] = (None, [], None)
     if env.rank == 0:
         try:
             path, notes = ck.resolve(run_dir, resume)
             result = (path, notes, None)
+            if digest is not None and manifest_digest(ck.load_manifest(path)) != digest:
+                result = (
+                    None,
+                    [],
+                    "[not_as_registered] the checkpoint's manifest is not the one Gantry "
+                    "registered (changed since)",
+                )
         except ck.CheckpointError as exc:
             result = (None, [], f"[{exc.code}] {exc.reason}")
     path, notes, error = dist.broadcast_object(result)
@@ -379,13 +391,14 @@ def train(
     device: torch.device,
     backend: str | None,
     strategy: str | None = None,
+    resume_digest: str | None = None,
 ) -> int:
     """Run training; returns the process exit code. ``strategy`` overrides the config's
     (e.g. resume an FSDP checkpoint as a DDP run)."""
     rank = env.rank
     point: ResumePoint | None = None
     if resume is not None:
-        resolved = resolve_resume(run_dir, resume, env)
+        resolved = resolve_resume(run_dir, resume, env, resume_digest)
         if isinstance(resolved, str):
             log(f"error: cannot resume: {resolved}", rank)
             return EXIT_INPUT

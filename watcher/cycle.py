@@ -31,6 +31,8 @@ from django.conf import settings
 from django.db.models import F
 from django.utils import timezone
 
+from acceptance.lifecycle import STEPS
+from acceptance.orchestrate import acceptance_cycle
 from core.worker_stats import WatcherCycleStats, watcher_cycle_record
 from drills.lifecycle import DRILLS
 from jobs.lifecycle import JOBS
@@ -60,7 +62,7 @@ from runs.rundir_batch import BatchReader
 logger = logging.getLogger(__name__)
 
 # Every kind of object Gantry runs as a Slurm job; each cycle looks at all of them.
-KINDS: tuple[SlurmLifecycle[Any], ...] = (JOBS, DRILLS)
+KINDS: tuple[SlurmLifecycle[Any], ...] = (JOBS, DRILLS, STEPS)
 MAX_ACCOUNTING_BACKOFF_SECONDS = 300
 
 
@@ -118,8 +120,7 @@ def cluster_reconcile(*, cluster_id: int) -> ReconcileResult:
 def _cycle(cluster: Cluster) -> ReconcileResult:
     result = ReconcileResult()
     now = timezone.now()
-    for kind in KINDS:
-        result.requeued += kind.requeue_stalled(cluster, now)
+    _accept_and_requeue(cluster, now, result)
     tracked = [(kind, kind.active_in_slurm(cluster)) for kind in KINDS]
     risky = [(kind, kind.at_risk(cluster, now)) for kind in KINDS]
     if (
@@ -224,6 +225,19 @@ def _recover(
         return
     result.incidents_opened += recovered.opened
     result.incidents_advanced += recovered.advanced
+
+
+def _accept_and_requeue(cluster: Cluster, now: datetime, result: ReconcileResult) -> None:
+    """Acceptance runs move to their next steps (database only: the steps it makes are
+    submitted by their tasks and watched as one more kind); then every kind's stalled
+    submissions are enqueued again."""
+    try:
+        result.state_changes += acceptance_cycle(cluster=cluster, now=now)
+    except Exception as error:
+        logger.exception("cluster %s: acceptance step failed", cluster.name)
+        result.errors.append(f"acceptance: {type(error).__name__}: {error}")
+    for kind in KINDS:
+        result.requeued += kind.requeue_stalled(cluster, now)
 
 
 def _count_ssh(

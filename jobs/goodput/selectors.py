@@ -33,7 +33,7 @@ from django.utils import timezone
 
 from core import cache
 from jobs.goodput import ledger as goodput
-from jobs.models import Checkpoint, Job, JobEvent, MetricPoint
+from jobs.models import Checkpoint, Job, JobEvent, MetricPoint, MetricRollup
 from nodes.models import Cluster
 from trainer.config import DEFAULTS as TRAINER_DEFAULTS
 
@@ -73,28 +73,69 @@ def _lineage_job_ids(*, job: Job) -> list[UUID]:
     return ids or [job.id]
 
 
+def _lost_case(ranges: dict[str, goodput.StepRanges], step_field: str) -> Any:
+    """True for a step after its job's cutoff (only jobs with a cutoff get a CASE arm)."""
+    lost_when = [
+        When(Q(job_id=job_id, **{f"{step_field}__gt": ranges[job_id].cutoff}), then=Value(True))
+        for job_id in ranges
+        if ranges[job_id].cutoff is not None
+    ]
+    if not lost_when:
+        return Value(False, output_field=BooleanField())
+    return Case(*lost_when, default=Value(False), output_field=BooleanField())
+
+
+def _rollup_step_rows(
+    ranges: dict[str, goodput.StepRanges], rolled_up: list[str]
+) -> list[dict[str, Any]]:
+    """``step_totals_by_job``'s rows for the roll-ups of the jobs in ``rolled_up`` (one
+    query). Metric retention keeps the steps after a resumed checkpoint raw, so no roll-up
+    straddles a cutoff: its first step places it."""
+    return list(
+        MetricRollup.objects.filter(job_id__in=rolled_up)
+        .annotate(lost=_lost_case(ranges, "first_step"))
+        .values("job_id", "lost")
+        .annotate(
+            points=Sum("count"),
+            last=Max("last_step"),
+            step_time=Sum("step_time_sum"),
+            data_time=Sum("data_time_sum"),
+            blocking=Sum("checkpoint_blocking_sum"),
+        )
+        .order_by()
+    )
+
+
+def _add_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rows of the same job and side added up (points and roll-ups)."""
+    added: dict[tuple[str, bool], dict[str, Any]] = {}
+    for row in rows:
+        key = (str(row["job_id"]), bool(row["lost"]))
+        into = added.get(key)
+        if into is None:
+            added[key] = dict(row)
+            continue
+        into["points"] += row["points"]
+        into["last"] = max(into["last"], row["last"])
+        for name in ("step_time", "data_time", "blocking"):
+            into[name] = (into[name] or 0.0) + (row[name] or 0.0)
+    return list(added.values())
+
+
 def step_totals_by_job(
     ranges: dict[str, goodput.StepRanges],
     *,
     points: QuerySet[MetricPoint] | None = None,
+    rolled_up: list[str] | None = None,
 ) -> dict[str, dict[bool, goodput.StepTotals]]:
     """Each job's step sums, preserved (False) and lost (True), summed in the database:
-    one query whatever the number of metric points. ``points`` narrows the points read
-    (default: those of the jobs in ``ranges``); only jobs with a cutoff get a CASE arm."""
-    lost_when = [
-        When(Q(job_id=job_id, step__gt=ranges[job_id].cutoff), then=Value(True))
-        for job_id in ranges
-        if ranges[job_id].cutoff is not None
-    ]
-    lost: Any = (
-        Case(*lost_when, default=Value(False), output_field=BooleanField())
-        if lost_when
-        else Value(False, output_field=BooleanField())
-    )
+    one query whatever the number of metric points, and one more for the roll-ups of the
+    jobs in ``rolled_up`` (``jobs.metric_retention``). ``points`` narrows the points read
+    (default: those of the jobs in ``ranges``)."""
     if points is None:
         points = MetricPoint.objects.filter(job_id__in=list(ranges))
-    rows = (
-        points.annotate(lost=lost)
+    rows = list(
+        points.annotate(lost=_lost_case(ranges, "step"))
         .values("job_id", "lost")
         .annotate(
             points=Count("id"),
@@ -105,6 +146,8 @@ def step_totals_by_job(
         )
         .order_by()
     )
+    if rolled_up:
+        rows = _add_rows(rows + _rollup_step_rows(ranges, rolled_up))
     totals: dict[str, dict[bool, goodput.StepTotals]] = {}
     for row in rows:
         job_id, is_lost = str(row["job_id"]), bool(row["lost"])
@@ -135,6 +178,7 @@ POINT_TOTALS = (
     "points_step_time_s",
     "points_data_time_s",
     "points_blocking_s",
+    "metrics_rolled_up_to",
 )
 LEDGER_INPUTS = (
     *LEDGER_FIELDS,
@@ -220,7 +264,12 @@ def step_totals(
         elif kept:
             totals[job_id] = kept
     if rest:
-        totals.update(step_totals_by_job(rest, points=points))
+        rolled_up = [
+            str(row["id"])
+            for row in rows
+            if str(row["id"]) in rest and row.get("metrics_rolled_up_to") is not None
+        ]
+        totals.update(step_totals_by_job(rest, points=points, rolled_up=rolled_up))
     return totals
 
 

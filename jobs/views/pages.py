@@ -20,6 +20,7 @@ from core.access import can_act, request_user
 from core.conditional import etag_for, not_modified, revalidate, static_release, this_minute
 from core.errors import ApplicationError, FieldError
 from core.roles import is_operator, is_researcher
+from health.selectors import HealthNotice, job_health_notices
 from jobs.goodput.ledger import format_duration
 from jobs.goodput.work_at_risk import job_work_at_risk
 from jobs.list_page import Cursor, job_list_page_read, job_list_page_rows
@@ -30,6 +31,7 @@ from jobs.placement import JobPlacement, job_placement, job_placement_known
 from jobs.script import job_script
 from jobs.selectors import job_get_for_user, job_goodput, job_list
 from jobs.services import job_cancel, job_resume
+from jobs.stack_change import stack_changes
 
 
 @login_required
@@ -203,6 +205,18 @@ def _job_figures(job: Job, context: dict[str, Any], children: list[Job]) -> dict
     )
 
 
+def _health_notices(job: Job, events: list[Any]) -> list[HealthNotice]:
+    """Nodes of the job's allocation that turned unhealthy while it ran: from its first
+    running event to its end (or now)."""
+    start = next((event.at for event in events if event.to_state == Job.State.RUNNING), None)
+    return job_health_notices(
+        cluster_id=job.cluster_id,
+        node_names=job.allocated_node_names,
+        start=start,
+        end=job.ended_at or timezone.now(),
+    )
+
+
 def _job_page_context(request: HttpRequest, job: Job) -> dict[str, Any]:
     """The whole job page: the live header and what only the full page shows."""
     context = _job_live_context(request, job, page=True)
@@ -215,6 +229,8 @@ def _job_page_context(request: HttpRequest, job: Job) -> dict[str, Any]:
         config_json=json.dumps(job.config, indent=2, sort_keys=True),
         script=job_script(job),
         figures_seconds=JOB_FIGURES_SECONDS,
+        health_notices=_health_notices(job, context["events"]),
+        stack_changes=stack_changes(job),
         **_job_figures(job, context, children),
     )
     return context
@@ -294,6 +310,8 @@ def job_detail_page(request: HttpRequest, job_id: uuid.UUID) -> HttpResponseBase
             job_page_state(context["shown"], page=True),
             context["figures_at"],
             context["script"],
+            [(n.node, n.state, n.at) for n in context["health_notices"]],
+            context["stack_changes"],
             static_release(),
         )
         unchanged = not_modified(request, etag)

@@ -80,7 +80,8 @@ waiting) may allocated/mixed/completing nodes with a known ``free_at`` join,
 as if their whole capacity frees at that time. Drained, draining, down, fail,
 failing, inval, error, gone, unknown, reserved and future nodes are never
 proposed, nor is a node whose GPU health (``NodeInfo.health``, from the node
-probe) is critical.
+probe) is critical, nor one an acceptance run convicted (``NodeInfo.acceptance``);
+among nodes of equal health, one certified by acceptance is preferred.
 """
 
 from __future__ import annotations

@@ -6,7 +6,6 @@ from collections.abc import Sequence
 
 from nodes.placement.explain import binding_constraint, check_unique, explain, infeasible, words_and
 from nodes.placement.model import (
-    HEALTH_PENALTY,
     HEALTHY_STATES,
     NodeInfo,
     Placement,
@@ -19,6 +18,7 @@ from nodes.placement.selection import (
     choose,
     optimum_of,
     plural,
+    preference_of_health,
     sort_nodes,
     state_of,
     static_misfit,
@@ -135,7 +135,7 @@ def placement_quality(
         if node.name in actual
         or (
             state_of(node) in HEALTHY_STATES
-            and node.health.strip().lower() in HEALTH_PENALTY
+            and preference_of_health(node) is not None
             and static_misfit(node, shape) is None
         )
     ]

@@ -14,6 +14,11 @@ HEALTHY_STATES = USABLE_NOW_STATES | WAITABLE_STATES
 LINK_QUALITY = {"nvlink": 0, "pcie": 1, "unknown": 2}
 # Health a node may have and still be proposed, and how much each is dispreferred.
 HEALTH_PENALTY = {"ok": 0, "unknown": 0, "warning": 1}
+# Acceptance findings (``Node.acceptance_state``): a convicted node is never proposed; a
+# certified one is preferred over an untested one of the same health.
+CONVICTED = "convicted"
+ACCEPTANCE_PENALTY = {"certified": 0}
+UNTESTED_PENALTY = 1
 LINK_WORDS = {"nvlink": "NVLink", "pcie": "PCIe"}
 
 VIRTUAL_ROOT = "(beyond known switches)"
@@ -56,6 +61,8 @@ class NodeInfo:
     # GPU/node health from the node probe: "critical" is never proposed, "warning" only
     # when no healthier node does as well, "ok" and "unknown" (never probed) are neutral.
     health: str = "unknown"
+    # The newest acceptance finding: "certified", "convicted" or "" (never tested).
+    acceptance: str = ""
 
 
 @dataclass(frozen=True)

@@ -7,9 +7,12 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from nodes.placement.model import (
+    ACCEPTANCE_PENALTY,
+    CONVICTED,
     HEALTH_PENALTY,
     HEALTHY_STATES,
     LINK_QUALITY,
+    UNTESTED_PENALTY,
     USABLE_NOW_STATES,
     WAITABLE_STATES,
     NodeInfo,
@@ -100,6 +103,22 @@ def free_misfit_of(node: NodeInfo, request: PlacementRequest) -> str | None:
     return None
 
 
+def preference_of_health(node: NodeInfo) -> int | None:
+    """GPU health first (ok/unknown over warning), then acceptance (certified over
+    untested); None: never proposed (critical health, or convicted by acceptance)."""
+    health = HEALTH_PENALTY.get(node.health.strip().lower())
+    acceptance = node.acceptance.strip().lower()
+    if health is None or acceptance == CONVICTED:
+        return None
+    return health * (UNTESTED_PENALTY + 1) + ACCEPTANCE_PENALTY.get(acceptance, UNTESTED_PENALTY)
+
+
+def unhealthy_reason(node: NodeInfo) -> str:
+    if node.acceptance.strip().lower() == CONVICTED:
+        return "convicted by an acceptance run"
+    return f"GPU health {node.health or 'unknown'}"
+
+
 @dataclass
 class Sorting:
     now: list[Candidate]
@@ -129,9 +148,9 @@ def sort_nodes(nodes: Sequence[NodeInfo], topology: Topology, request: Placement
         if state not in HEALTHY_STATES:
             sorting.reasons[node.name] = state or "unknown state"
             continue
-        health = HEALTH_PENALTY.get(node.health.strip().lower())
+        health = preference_of_health(node)
         if health is None:
-            sorting.reasons[node.name] = f"GPU health {node.health or 'unknown'}"
+            sorting.reasons[node.name] = unhealthy_reason(node)
             continue
         sorting.healthy += 1
         link = LINK_QUALITY.get(node.intra_node_link.lower(), LINK_QUALITY["unknown"])

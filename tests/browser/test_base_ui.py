@@ -47,6 +47,7 @@ def test_login_shows_navigation_and_every_page_opens(
         "Jobs",
         "Drills",
         "Recovery",
+        "Acceptance",
         "Studies",
     ]
     assert page.locator(".role").inner_text().lower() == "researcher"
@@ -60,6 +61,7 @@ def test_login_shows_navigation_and_every_page_opens(
         ("Jobs", "Jobs"),
         ("Drills", "Restore drills"),
         ("Recovery", "Recovery"),
+        ("Acceptance", "Acceptance"),
         ("Studies", "Scaling studies"),
     ]:
         page.click(f"nav.mainnav >> text={label}")

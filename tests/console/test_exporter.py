@@ -312,8 +312,9 @@ def test_query_count_does_not_grow_with_the_fleet(client: Client) -> None:
     for _ in range(4):
         add_fleet()
     # Clusters, jobs, drills, proven running jobs, work at risk, the goodput window's jobs
-    # and their metric sums, incidents and suspect nodes.
-    assert queries_per_scrape() == small == 9
+    # and their metric sums, incidents and suspect nodes; the fleet's health (nodes, GPU
+    # verdicts, the inventory's GPUs).
+    assert queries_per_scrape() == small == 12
 
 
 @pytest.mark.django_db

@@ -9,11 +9,11 @@ from __future__ import annotations
 import os
 import signal
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest
 from drill_support import run_job
+from recovery_support import rank_pids
 from rest_framework.test import APIClient
 
 from celery_support import wait_until
@@ -24,28 +24,6 @@ from nodes.models import Cluster
 from recovery.models import Incident
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def _rank_pids(run_dir: str) -> list[int]:
-    """The trainer processes of this run (their command line names its run directory)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        args = [part.decode(errors="replace") for part in cmdline if part]
-        # The rank's Python itself (not srun, its bash wrapper or tee), started for this run.
-        if (
-            args
-            and Path(args[0]).name.startswith("python")
-            and "train" in args
-            and any(run_dir in arg for arg in args)
-        ):
-            found.append(int(entry.name))
-    return sorted(found)
 
 
 def _losses(job: Job, low: int, high: int) -> dict[int, float]:
@@ -76,7 +54,7 @@ def test_a_killed_rank_is_recovered_from_a_proven_checkpoint_bit_exact(
     )
     job.refresh_from_db()
     run_dir = job.checkpoints.order_by("-step").first().path.rsplit("/checkpoints/", 1)[0]
-    pids = _rank_pids(run_dir)
+    pids = rank_pids(run_dir)
     assert len(pids) >= 2, f"trainer ranks of {run_dir}: {pids}"
     os.kill(pids[-1], signal.SIGKILL)
     killed_at = time.monotonic()

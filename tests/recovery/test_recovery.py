@@ -170,6 +170,9 @@ def test_a_newer_checkpoint_whose_drill_fails_is_skipped_for_the_proven_one_belo
     RestoreDrill.objects.filter(pk=incident.proving_drill_id).update(
         state="finished", verdict="failed", reason="loss diverged at step 703"
     )
+    # As the drill's end does: a failed drill fails the checkpoint's integrity, which
+    # takes it out of the candidates (the skip is still written down, with the reason).
+    Checkpoint.objects.filter(pk=damaged.pk).update(integrity=Checkpoint.Integrity.FAILED)
     _cycle(cluster)
     incident.refresh_from_db()
     assert incident.outcome == Incident.Outcome.RECOVERED
@@ -303,10 +306,44 @@ def test_a_failure_with_no_node_at_fault_names_no_suspect(
 ) -> None:
     job = _failed_job(cluster, researcher, state="node_fail")
     _checkpoint(job, 600, proven=True)
-    _cycle(cluster)
+    now = timezone.now()
+    _cycle(cluster, now=now)
     incident = Incident.objects.get(job=job)
+    # No node shows down yet: it asks for a fresh view of the nodes and waits for it.
+    assert incident.resumed_job is None and incident.evidence["node_sync_requested"]
+    Cluster.objects.filter(pk=cluster.pk).update(last_sync_ok_at=now + timedelta(seconds=5))
+    _cycle(cluster, now=now + timedelta(seconds=6))
+    incident.refresh_from_db()
     assert incident.suspect_nodes == [] and not SuspectNode.objects.exists()
     assert incident.resumed_job is not None and incident.resumed_job.exclude_nodes == ""
+
+
+def test_a_node_the_sync_after_the_failure_shows_down_is_named_and_left_out(
+    cluster: Cluster, researcher: Any
+) -> None:
+    job = _failed_job(cluster, researcher, state="node_fail")
+    _checkpoint(job, 600, proven=True)
+    now = timezone.now()
+    _cycle(cluster, now=now)
+    # The sync Gantry asked for sees what Slurm saw (slurmd stopped answering on gpu-b-01).
+    Node.objects.filter(cluster=cluster, name="gpu-b-01").update(state=Node.State.DOWN)
+    Cluster.objects.filter(pk=cluster.pk).update(last_sync_ok_at=now + timedelta(seconds=5))
+    _cycle(cluster, now=now + timedelta(seconds=6))
+    incident = Incident.objects.get(job=job)
+    assert incident.suspect_nodes == ["gpu-b-01"]
+    assert incident.resumed_job is not None and incident.resumed_job.exclude_nodes == "gpu-b-01"
+
+
+def test_without_a_fresh_view_of_the_nodes_a_node_failure_resumes_after_the_wait(
+    cluster: Cluster, researcher: Any
+) -> None:
+    job = _failed_job(cluster, researcher, state="node_fail")
+    _checkpoint(job, 600, proven=True)
+    now = timezone.now()
+    _cycle(cluster, now=now)
+    _cycle(cluster, now=now + timedelta(minutes=3))
+    incident = Incident.objects.get(job=job)
+    assert incident.resumed_job is not None and incident.suspect_nodes == []
 
 
 def test_a_second_watcher_advancing_the_same_incident_resumes_once(
@@ -378,9 +415,15 @@ def test_a_job_quiet_past_its_budget_while_gantry_sees_its_directory_is_a_hang(
     assert cancels == [str(job.id)]
     assert AuditEvent.objects.filter(action="recovery.cancel").count() == 1
     Job.objects.filter(pk=job.pk).update(state="cancelled", ended_at=later, files_final=True)
+    # Nobody named: it waits for a view of the nodes newer than the hang (one sync asked).
     _cycle(cluster, seen=set(), now=later + timedelta(seconds=5))
     incident.refresh_from_db()
+    assert incident.outcome == Incident.Outcome.OPEN and incident.evidence["node_sync_requested"]
+    Cluster.objects.filter(pk=cluster.pk).update(last_sync_ok_at=later + timedelta(seconds=6))
+    _cycle(cluster, seen=set(), now=later + timedelta(seconds=7))
+    incident.refresh_from_db()
     assert incident.outcome == Incident.Outcome.RECOVERED and incident.cancelled_at == later
+    assert incident.suspect_nodes == []
 
 
 def test_a_job_gantry_could_not_see_is_never_a_hang(

@@ -212,7 +212,25 @@ def world(dead_cluster: Any, researcher: Any, other_researcher: Any) -> dict[str
             owner=owner, name=name, cluster=dead_cluster, settings=settings
         )
 
+    from django.utils import timezone
+
+    from acceptance.certificate import certificate_issue
+    from acceptance.models import AcceptanceRun
+
+    # An ended run with its certificate: the acceptance routes read and download it.
+    acceptance_run = AcceptanceRun.objects.create(
+        cluster=dead_cluster,
+        scope="nodes",
+        scope_value="n1",
+        partition="batch",
+        nodes=["n1"],
+        tiers=["inventory"],
+        state="finished",
+        verdict="inconclusive",
+    )
+    certificate_issue(run=acceptance_run, now=timezone.now())
     return {
+        "acceptance_run": acceptance_run,
         "template": template_of(researcher, "ritas-template"),
         "other_template": template_of(other_researcher, "robs-secret-template"),
         "cluster": dead_cluster,

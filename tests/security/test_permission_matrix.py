@@ -60,6 +60,11 @@ EXPECTED: dict[str, tuple[str, bool, dict[str, Any] | None, dict[str, str]]] = {
     "node-detail": ("get", False, None, INVENTORY_PAGE),
     "node-drain": ("post", False, {"reason": "matrix"}, OPERATOR_PAGE_ACTION),
     "recovery": ("get", False, None, INVENTORY_PAGE),
+    "acceptance-list": ("get", False, None, INVENTORY_PAGE),
+    "acceptance-start": ("post", False, {}, OPERATOR_PAGE_ACTION),
+    "acceptance-detail": ("get", False, None, INVENTORY_PAGE),
+    "acceptance-cancel": ("post", False, {}, OPERATOR_PAGE_ACTION),
+    "acceptance-certificate-download": ("get", False, None, INVENTORY_PAGE),
     "suspect-clear": ("post", False, {}, OPERATOR_PAGE_ACTION),
     "node-resume": ("post", False, {}, OPERATOR_PAGE_ACTION),
     "cluster-sync": ("post", False, {}, OPERATOR_PAGE_ACTION),
@@ -149,6 +154,8 @@ EXPECTED: dict[str, tuple[str, bool, dict[str, Any] | None, dict[str, str]]] = {
     # GPU and node health (health app): read by every role, like the inventory.
     "api:node-health": ("get", False, None, ROLE_API),
     "api:gpu-capacity": ("get", False, None, ROLE_API),
+    # A cluster's health source: read by every role, changed by operators (EXTRA_CELLS).
+    "api:health-source": ("get", False, None, ROLE_API),
     "api:topology": ("get", False, None, ROLE_API),
     "api:job-list": ("get", False, None, ROLE_API),
     "api:job-submit": ("post", False, {}, ROLE_API),
@@ -186,6 +193,12 @@ EXPECTED: dict[str, tuple[str, bool, dict[str, Any] | None, dict[str, str]]] = {
     "api:suspect-node-list": ("get", False, None, OPERATOR_API),
     "api:suspect-node-clear": ("post", False, {}, OPERATOR_API),
     "api:cluster-update": ("patch", False, {}, OPERATOR_API),
+    # Acceptance: operators start and cancel; every role reads runs and certificates.
+    "api:acceptance-run-list": ("get", False, None, ROLE_API),
+    "api:acceptance-run-start": ("post", False, {}, OPERATOR_API),
+    "api:acceptance-run-detail": ("get", False, None, ROLE_API),
+    "api:acceptance-run-cancel": ("post", False, {}, OPERATOR_API),
+    "api:acceptance-certificate": ("get", False, None, ROLE_API),
     # Subscriptions are one's own: an id that is not (999999) is not found for everyone.
     "api:notification-subscription-list": ("get", False, None, ROLE_API),
     "api:notification-subscription-create": ("post", False, {}, ROLE_API),
@@ -197,6 +210,7 @@ EXPECTED: dict[str, tuple[str, bool, dict[str, Any] | None, dict[str, str]]] = {
 EXTRA_CELLS = [
     ("api:drill-policy", "put", False, {"max_in_flight": 1}, OPERATOR_API),
     ("api:recovery-policy", "put", False, {"max_attempts": 2}, OPERATOR_API),
+    ("api:health-source", "put", False, {"interval_seconds": 60}, OPERATOR_API),
 ]
 
 
@@ -244,6 +258,7 @@ def _kwargs(name: str, route: str, objects: dict[str, Any], world: dict[str, Any
         # Nobody's: the subscription routes answer "not found" the same for every role.
         "subscription_id": 999999,
         "identity_id": 999999,
+        "run_id": world["acceptance_run"].pk,
     }
     return {
         key: value for key, value in values.items() if f"<{_converter(route, key)}:{key}>" in route

@@ -1,0 +1,155 @@
+"""Acceptance runs on the dev cluster: real Slurm jobs through the lifecycle, a real Celery
+worker and the watcher. A run over the two nodes of one partition (inventory and stack,
+collectives) issues its certificate, whose configuration is what Slurm's inventory says;
+with one node made genuinely slow (a cgroup CPU quota on its collective ranks, nothing
+the code under test reads), the collectives tier convicts that node and no other."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from recovery_support import CGROUP_CPU, cpu_quota
+from rest_framework.test import APIClient
+
+from acceptance.models import AcceptanceRun, BusbwThreshold, Certificate
+from celery_support import wait_until
+from nodes.models import Cluster, Node
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+OPTIONS = {"max_mib": 4, "iters": 5, "warmup": 1, "minutes": 10}
+
+
+def _start(api: APIClient, cluster: Cluster, tiers: list[str]) -> AcceptanceRun:
+    response = api.post(
+        "/api/v1/acceptance/runs/start/",
+        {
+            "cluster": cluster.pk,
+            "scope": "partition",
+            "value": "batch",
+            "tiers": tiers,
+            "options": OPTIONS,
+        },
+        format="json",
+    )
+    assert response.status_code == 202, response.json()
+    return AcceptanceRun.objects.get(id=response.json()["id"])
+
+
+def _ended(run: AcceptanceRun, worker: Any, timeout: float = 480) -> AcceptanceRun:
+    def ended() -> AcceptanceRun | None:
+        run.refresh_from_db()
+        return run if not run.is_active else None
+
+    return wait_until(
+        ended,
+        timeout=timeout,
+        what=lambda: f"run {run.id} in {run.current_tier}; worker log:\n{worker.log()[-3000:]}",
+    )
+
+
+def _thresholds(cluster: Cluster, busbw: float) -> None:
+    for level in ("node", "leaf", "spine"):
+        BusbwThreshold.objects.update_or_create(
+            cluster=cluster, partition="", level=level, op="all_reduce", defaults={"busbw": busbw}
+        )
+
+
+def test_a_run_over_two_nodes_issues_its_certificate(
+    dev_cluster_registered: Cluster, celery_stack: Any, operator_api: APIClient
+) -> None:
+    # A threshold every working fabric passes: this test is about the run, not the speed.
+    _thresholds(dev_cluster_registered, 1.0)
+    run = _ended(
+        _start(operator_api, dev_cluster_registered, ["inventory", "collectives"]),
+        celery_stack["worker"],
+    )
+    assert run.state == "finished", run.reason
+    assert run.outcomes["collectives"]["verdict"] == "passed", run.outcomes
+    # GPUs are fake here (no nvidia-smi for the probe): passed or honestly inconclusive,
+    # but the stacks were compared, and are one.
+    inventory = run.steps.get(tier="inventory")
+    assert inventory.verdict in ("passed", "inconclusive"), inventory.reason
+    assert inventory.evidence["stack_differs"] == []
+    assert set(inventory.evidence["nodes"]) == {"n1", "n2"}
+    certificate = Certificate.objects.get(run=run)
+    document = certificate.document
+    assert [n["name"] for n in document["nodes"]] == ["n1", "n2"]
+    for entry in document["nodes"]:
+        node = Node.objects.get(cluster=dev_cluster_registered, name=entry["name"])
+        assert entry["partitions"] == node.partitions == ["batch"]
+        assert entry["leaf_switch"] == "leaf1"
+        assert [g["type"] for g in entry["gpus"]] == ["a100", "a100"]
+        assert entry["stack"].get("python")
+    levels = {c["level"] for c in document["criteria"]}
+    assert levels == {"node", "leaf"}
+    assert all(c["measured_busbw"] and c["measured_busbw"] > 1.0 for c in document["criteria"])
+
+
+def _collective_ranks_on(node: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            args = (entry / "cmdline").read_bytes().split(b"\0")
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"collectives" in args and f"SLURMD_NODENAME={node}".encode() in environ:
+            found.append(int(entry.name))
+    return found
+
+
+@contextlib.contextmanager
+def _slowed(node: str, percent: int) -> Iterator[None]:
+    """Every collective rank that starts on ``node`` goes into a cgroup with a CPU quota."""
+    with cpu_quota(percent, "accept") as slow_down:
+        stop = threading.Event()
+
+        def keep_moving() -> None:
+            while not stop.is_set():
+                for pid in _collective_ranks_on(node):
+                    slow_down(pid)
+                time.sleep(0.05)
+
+        mover = threading.Thread(target=keep_moving, daemon=True)
+        mover.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            mover.join(timeout=5)
+
+
+@pytest.mark.skipif(not (CGROUP_CPU / "cpu.cfs_quota_us").exists(), reason="no cgroup v1 cpu")
+def test_a_slowed_node_is_convicted_and_no_other(
+    dev_cluster_registered: Cluster, celery_stack: Any, operator_api: APIClient
+) -> None:
+    worker = celery_stack["worker"]
+    # A baseline with a threshold anything passes: what this fabric does when healthy.
+    _thresholds(dev_cluster_registered, 1.0)
+    baseline = _ended(_start(operator_api, dev_cluster_registered, ["collectives"]), worker)
+    node_level = [
+        s.busbw for s in baseline.steps.filter(tier="collectives", level="node") if s.busbw
+    ]
+    assert len(node_level) == 2, baseline.outcomes
+    # Half the slower healthy node: a node at a 10% CPU quota falls far below it.
+    _thresholds(dev_cluster_registered, 0.5 * min(node_level))
+    with _slowed("n2", percent=10):
+        run = _ended(_start(operator_api, dev_cluster_registered, ["collectives"]), worker)
+    assert run.verdict == "failed", run.reason
+    assert run.convicted == ["n2"], (run.convicted, run.reason)
+    assert Node.objects.get(cluster=dev_cluster_registered, name="n2").acceptance_state == (
+        "convicted"
+    )
+    assert Node.objects.get(cluster=dev_cluster_registered, name="n1").acceptance_state != (
+        "convicted"
+    )
+    Node.objects.filter(cluster=dev_cluster_registered).update(acceptance_state="")
