@@ -93,6 +93,7 @@ def main() -> int:
             **os.environ,
             "GANTRY_RECOVERY_TRIALS": str(args.trials),
             "GANTRY_RECOVERY_HEALTHY_JOBS": str(args.healthy),
+            "GANTRY_FAULTS_FULL": "1",
         }
         done = subprocess.run(
             [str(REPO / "scripts" / "test"), "-q", "tests/faults/test_recovery_faults.py"],

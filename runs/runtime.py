@@ -217,6 +217,10 @@ def render_sbatch(spec: ScriptSpec) -> str:
         f"#SBATCH --output={spec.run_dir}/{spec.output_name}",
         f"#SBATCH --chdir={spec.run_dir}",
         "#SBATCH --export=ALL",
+        # Never rerun by Slurm (after a node failure it would restart the script from the
+        # top, from step 0, in the same run directory): Gantry's recovery resumes from the
+        # newest proven checkpoint instead, leaving the failed node out.
+        "#SBATCH --no-requeue",
     ]
     if spec.gpus_per_node:
         gpus = f"{spec.gpu_type}:{spec.gpus_per_node}" if spec.gpu_type else str(spec.gpus_per_node)
