@@ -312,3 +312,37 @@ def sshd_start(dir: str | os.PathLike[str] | None = None) -> None:
 
 def restart_slurmctld(dir: str | os.PathLike[str] | None = None) -> None:
     run_script("restart-slurmctld", dir=dir)
+
+
+def owner_and_private_mode(path: str | os.PathLike[str], readers: set[str]) -> tuple[str, int]:
+    """``path``'s owner and mode as its ACL has it: the group bits of ``stat`` show the ACL
+    mask when named entries exist, so the owning group's own entry (``group::``) stands for
+    them here. Named users other than ``readers`` (the service account, the verifier) fail
+    the check outright: nobody else may be let in."""
+    import pwd
+    import stat
+
+    info = os.stat(path)
+    mode = stat.S_IMODE(info.st_mode)
+    out = subprocess.run(
+        ["getfacl", "-p", "--omit-header", "--", str(path)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    bits = {"r": 4, "w": 2, "x": 1}
+    for line in out.splitlines():
+        kind, _, rest = line.partition(":")
+        name, _, perms = rest.partition(":")
+        perms = perms.split()[0] if perms else ""
+        if kind == "user" and name:
+            assert name in readers, f"{path}: {name} may read it ({line})"
+        if kind == "group" and not name:
+            group = sum(bits.get(c, 0) for c in perms)
+            mode = (mode & ~0o070) | (group << 3)
+    return pwd.getpwuid(info.st_uid).pw_name, mode
+
+
+def devcluster_env() -> dict[str, str]:
+    """What ``DIR/gantry.env`` says (the dev cluster's accounts, paths)."""
+    return parse_env_file(default_dir() / "gantry.env")

@@ -15,10 +15,11 @@ reach. Plain torch and the trainer's checkpoint module: no Django.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -257,6 +258,28 @@ def _state(mutate: Callable[[dict[str, Any]], None]) -> Callable[[Path, Path], N
     return damage
 
 
+@contextlib.contextmanager
+def as_owner(d: Path) -> Iterator[None]:
+    """Whatever the block writes under ``d`` ends up owned by ``d``'s owner, as if the
+    owner had done it (the tests run as root; a file root owns in a researcher's run
+    directory is nothing the owner could make, and the owner's grants cannot cover it)."""
+    owner = d.stat() if d.exists() else None
+    yield
+    if owner is None or not d.exists():
+        return
+    for path in [d, *d.rglob("*")]:
+        with contextlib.suppress(FileNotFoundError):
+            os.chown(path, owner.st_uid, owner.st_gid, follow_symlinks=False)
+
+
+def _owned(apply: Callable[[Path, Path], None]) -> Callable[[Path, Path], None]:
+    def damage(d: Path, other: Path) -> None:
+        with as_owner(d):
+            apply(d, other)
+
+    return damage
+
+
 @dataclass(frozen=True)
 class Damage:
     name: str
@@ -276,6 +299,9 @@ class Damage:
 
     def named_in(self, reason: str | None) -> bool:
         return not self.names or any(name in (reason or "") for name in self.names)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "apply", _owned(self.apply))
 
 
 def _codes(*codes: str) -> frozenset[str]:

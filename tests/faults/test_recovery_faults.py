@@ -322,6 +322,22 @@ def _processes_of_slurm_job(slurm_job_id: str) -> list[int]:
     return found
 
 
+def _node_back(devcluster: DevCluster, node: str) -> None:
+    """Start the node's slurmd again and wait until Slurm has it back in service (the
+    tests after this one need every node)."""
+    devcluster.script("up", timeout=180)
+    for _ in range(120):
+        state = devcluster.slurm(["sinfo", "-h", "-n", node, "-o", "%T"], check=False).stdout
+        if state.strip() and "down" not in state and "drain" not in state:
+            return
+        if "down" in state and "*" not in state:
+            devcluster.slurm(
+                ["scontrol", "update", f"nodename={node}", "state=resume"], check=False
+            )
+        time.sleep(1)
+    raise AssertionError(f"{node} did not come back: {state!r}")
+
+
 @trials
 def test_a_dead_node_is_named_from_slurms_view_and_left_out(
     trial: int,
@@ -343,7 +359,7 @@ def test_a_dead_node_is_named_from_slurms_view_and_left_out(
     assert len(ranks) == 1, ranks
     node = node_of(ranks[0])
     # The node dies: its slurmd, and the job's processes on it, killed at once.
-    request.addfinalizer(lambda: devcluster.script("up", timeout=180))
+    request.addfinalizer(lambda: _node_back(devcluster, node))
     job.refresh_from_db()
     victims = [devcluster.pids()[f"slurmd-{node}"], *_processes_of_slurm_job(job.slurm_job_id)]
     for pid in victims:

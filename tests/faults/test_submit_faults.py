@@ -226,7 +226,9 @@ def test_an_extra_slurm_job_with_a_taken_tag_is_cancelled(
     [job_id] = submit_tiny(
         researcher_api, 1, name="duplicated", config={"preset": "tiny", "steps": 3000}
     )
-    assert wait_all(lambda: Job.objects.get(id=job_id).state == "running", timeout=60)
+    assert wait_all(lambda: Job.objects.get(id=job_id).state == "running", timeout=180), (
+        Job.objects.get(id=job_id).state
+    )
     job = Job.objects.get(id=job_id)
     tag = slurm_commands.job_tag(job_id)
     # A late duplicate is the job's own account's sbatch landing twice.

@@ -8,12 +8,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from drill_damage import KINDS, damage_by_name, registered_digest
+from drill_damage import KINDS, as_owner, damage_by_name, registered_digest
 from drill_support import checkpoint_dir, run_job, start_drill, wait_finished, wait_verdict
 from rest_framework.test import APIClient
 
 from celery_support import wait_until
-from devcluster_support import DevCluster
+from devcluster_support import DevCluster, devcluster_env, owner_and_private_mode
 from drills.models import RestoreDrill
 from jobs.models import Checkpoint, Job
 from nodes.models import Cluster
@@ -152,7 +152,8 @@ def test_drills_pass_and_every_corruption_fails_with_its_reason(
 
     corrupted: dict[str, tuple[str, str]] = {}
     for step, (corrupt, reason_code, mention) in zip([20, 25, 30, 35, 5], CORRUPTIONS, strict=True):
-        corrupt(checkpoint_dir(devcluster, checkpoints[step]))
+        with as_owner(checkpoint_dir(devcluster, checkpoints[step])):
+            corrupt(checkpoint_dir(devcluster, checkpoints[step]))
         if corrupt in WRITTEN_SO:
             register_as_written(checkpoints[step], checkpoint_dir(devcluster, checkpoints[step]))
         corrupted[start_drill(researcher_api, checkpoints[step], steps=3)] = (reason_code, mention)
@@ -389,7 +390,6 @@ def test_a_verifier_drill_runs_as_the_verifier_where_the_owner_cannot_write_and_
 ) -> None:
     import os
     import pwd
-    import stat
 
     worker = celery_stack["worker"]
     verifier = verified_cluster.verifier_account
@@ -407,8 +407,9 @@ def test_a_verifier_drill_runs_as_the_verifier_where_the_owner_cannot_write_and_
     # Slurm ran it as the verifier; its directory and report are the verifier's alone.
     assert _sacct_user(devcluster, drill.slurm_job_id) == verifier
     directory = Path(devcluster.workdir, "users", verifier, "drills", str(drill.id))
-    info = os.stat(directory)
-    assert pwd.getpwuid(info.st_uid).pw_name == verifier and stat.S_IMODE(info.st_mode) == 0o700
+    env = devcluster_env()
+    readers = {env.get("GANTRY_CLUSTER_USER", ""), verifier}
+    assert owner_and_private_mode(directory, readers) == (verifier, 0o700)
     assert pwd.getpwuid(os.stat(directory / "drill.json").st_uid).pw_name == verifier
     owners_drills = Path(devcluster.workdir, "users", "alice", "runs", str(job.id), "drills")
     assert not (owners_drills / str(drill.id)).exists()
