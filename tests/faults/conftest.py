@@ -30,6 +30,16 @@ def pytest_collection_modifyitems(items: list[Any]) -> None:
     for item in last:
         items.remove(item)
         items.append(item)
+    # Recovery under real faults kills a slurmd and leaves nodes to come back: after the
+    # other fault tests, which time their jobs against a cluster with every node in service.
+    recovery = [item for item in items if "test_recovery_faults" in str(item.fspath)]
+    for item in recovery:
+        items.remove(item)
+    faults = [i for i, item in enumerate(items) if "tests/faults/" in str(item.fspath)]
+    at = (faults[-1] + 1) if faults else len(items)
+    if last and at > items.index(last[0]):
+        at = items.index(last[0])
+    items[at:at] = recovery
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
