@@ -53,7 +53,7 @@ def run_advance(*, run_id: Any, now: datetime) -> int:
     """One step of the state machine for one run; returns 1 when something changed."""
     with transaction.atomic():
         run = (
-            AcceptanceRun.objects.select_for_update()
+            AcceptanceRun.objects.select_for_update(of=("self",))
             .select_related("cluster", "requested_by")
             .filter(id=run_id)
             .first()
