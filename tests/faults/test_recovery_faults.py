@@ -1,5 +1,5 @@
 """Recovery under real faults on the dev cluster (real Slurm, sshd, worker, beat, Redis):
-a rank stopped with SIGSTOP (a hang), the trainer's NaN fault, one node made slow by a CPU
+a rank stopped with SIGSTOP (a hang), a rank killed (a crash), the trainer's NaN fault, one node made slow by a CPU
 quota on its processes (a cgroup: nothing the code under test reads), the newest checkpoint
 damaged with every hash valid, a node that kills every attempt with exclusion off, and
 Gantry's own view failing (sacct down, squeue timing out, sshd gone) while a healthy job
@@ -161,6 +161,59 @@ def test_a_stopped_rank_is_a_hang_named_and_left_out(
         "recovery: rank stopped (SIGSTOP, hang)",
         True,
         f"detected in {detected:.0f} s (budget {budget:.0f} s), suspect {node}",
+    )
+
+
+@full_only
+@trials
+def test_a_killed_rank_is_a_crash_named_and_left_out(
+    trial: int,
+    recovering_cluster: Cluster,
+    celery_stack: Any,
+    researcher_api: APIClient,
+    fault_report: FaultReport,
+    request: Any,
+) -> None:
+    # SIGKILL to one rank's trainer process: srun reports the task's node, Slurm ends the
+    # job failed, and the resume (one node, so the other node of the partition) leaves it out.
+    job = submit(
+        researcher_api,
+        name="crash-sigkill",
+        nodes=1,
+        steps=6000,
+        every=40,
+        tasks_per_node=2,
+        gpus_per_node=2,
+    )
+    request.addfinalizer(lambda: cancel_lineage(researcher_api, job))
+    _running_past(job, 80)
+    pids = rank_pids(run_dir_of(job))
+    assert len(pids) == 2, pids
+    killed = max(pids, key=rank_of)
+    node = node_of(killed)
+    os.kill(killed, signal.SIGKILL)
+
+    incident = _settled(job, celery_stack["worker"])
+    job.refresh_from_db()
+    assert incident.signal == Incident.Signal.CRASH, incident.detail
+    assert incident.outcome == Incident.Outcome.RECOVERED, incident.reason
+    assert incident.suspect_nodes == [node], (incident.suspect_nodes, incident.detail)
+    assert node in (incident.excluded_nodes or [])
+    checkpoint = incident.resumed_from
+    assert checkpoint is not None and checkpoint.last_proven_at is not None
+    resumed = _resumed_runs_past(incident, (job.last_step or 0) + 20)
+    assert node not in (resumed.allocated_nodes or ""), resumed.allocated_nodes
+    trial_record(
+        "crash (rank SIGKILL)",
+        incident,
+        expected=[node],
+        steps_since_checkpoint=(job.last_step or 0) - checkpoint.step,
+    )
+    _record(
+        fault_report,
+        "recovery: rank killed (SIGKILL, crash)",
+        True,
+        f"suspect {node}, resumed from step {checkpoint.step}",
     )
 
 
