@@ -8,12 +8,13 @@ from typing import Any
 from django.db.models import QuerySet
 from django.http import Http404
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import extend_schema, extend_schema_field
 from rest_framework import generics, serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from acceptance.certificate import recovery_summary, sustained_summary
 from acceptance.models import REQUESTABLE_TIERS, AcceptanceRun, AcceptanceStep, Certificate
 from acceptance.selectors import run_get, run_list
 from acceptance.services import RunRequest, acceptance_run_cancel, acceptance_run_start
@@ -38,6 +39,8 @@ class StepSerializer(serializers.ModelSerializer):
             "threshold_source",
             "threshold_detail",
             "busbw",
+            "config_key",
+            "configuration",
             "verdict",
             "reason",
             "measured",
@@ -87,9 +90,19 @@ class RunSerializer(serializers.ModelSerializer):
 
 class RunDetailSerializer(RunSerializer):
     steps = StepSerializer(many=True, read_only=True)
+    sustained = serializers.SerializerMethodField()
+    recovery = serializers.SerializerMethodField()
 
     class Meta(RunSerializer.Meta):
-        fields = [*RunSerializer.Meta.fields, "steps"]
+        fields = [*RunSerializer.Meta.fields, "steps", "sustained", "recovery"]
+
+    @extend_schema_field(OpenApiTypes.OBJECT)
+    def get_sustained(self, run: AcceptanceRun) -> dict[str, Any] | None:
+        return sustained_summary(run)
+
+    @extend_schema_field(OpenApiTypes.OBJECT)
+    def get_recovery(self, run: AcceptanceRun) -> dict[str, Any] | None:
+        return recovery_summary(run)
 
 
 class RunStartSerializer(serializers.Serializer):

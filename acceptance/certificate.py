@@ -14,7 +14,15 @@ import json
 from datetime import datetime
 from typing import Any
 
-from acceptance.models import AcceptanceRun, AcceptanceStep, Certificate, Tier, Verdict
+from acceptance.models import (
+    AcceptanceRun,
+    AcceptanceStep,
+    Certificate,
+    RecoveryTrial,
+    Tier,
+    Verdict,
+)
+from acceptance.recovery_tier import TRAINER_CONFIG as RECOVERY_TRAINER_CONFIG
 from health.models import NodeHealth
 from nodes.models import Node, Switch
 
@@ -74,7 +82,11 @@ def _topology(run: AcceptanceRun) -> list[dict[str, Any]]:
 
 
 def criterion(step: AcceptanceStep) -> dict[str, Any]:
+    extra: dict[str, Any] = {}
+    if step.tier == Tier.SUSTAINED:
+        extra["measured_tokens_per_s"] = (step.measured or {}).get("tokens_per_s")
     return {
+        **extra,
         "step": str(step.id),
         "tier": step.tier,
         "level": step.level,
@@ -91,15 +103,89 @@ def criterion(step: AcceptanceStep) -> dict[str, Any]:
     }
 
 
-def _sustained(run: AcceptanceRun) -> dict[str, Any] | None:
+def sustained_summary(run: AcceptanceRun) -> dict[str, Any] | None:
+    """The sustained tier as the certificate records it: the configuration (dataset,
+    precision, scale, key), throughput and MFU with threshold and verdict, the loss verdict,
+    and the losses with their digest (what a later run of the same key is compared with)."""
     if Tier.SUSTAINED not in run.tiers:
         return None
     outcome = (run.outcomes or {}).get(Tier.SUSTAINED, {})
+    step = run.steps.filter(tier=Tier.SUSTAINED).first()
+    measured = (step.measured if step else None) or {}
+    configuration = (step.configuration if step else None) or {}
+    throughput = measured.get("throughput") or {}
     return {
-        "dataset": outcome.get("dataset"),
-        "precision": outcome.get("precision"),
-        "scale": outcome.get("scale"),
         "verdict": outcome.get("verdict"),
+        "reason": outcome.get("reason"),
+        "step": str(step.id) if step else None,
+        "state": step.state if step else None,
+        "config_key": step.config_key if step else None,
+        "dataset": outcome.get("dataset") or measured.get("dataset"),
+        "precision": configuration.get("precision"),
+        "device": configuration.get("device"),
+        "scale": outcome.get("scale"),
+        "trainer_config": configuration.get("trainer_config"),
+        "trainer_digest": configuration.get("trainer_digest"),
+        "throughput": {
+            "tokens_per_s": measured.get("tokens_per_s"),
+            "samples_per_s": measured.get("samples_per_s"),
+            "window": measured.get("window"),
+            "threshold": step.threshold if step else None,
+            "threshold_source": step.threshold_source if step else None,
+            "threshold_detail": step.threshold_detail if step else None,
+            "verdict": throughput.get("verdict"),
+        },
+        "mfu": {
+            "value": measured.get("mfu"),
+            "note": measured.get("mfu_note"),
+            "model_flops_per_s": measured.get("model_flops_per_s"),
+            "flops_per_token": measured.get("flops_per_token"),
+        },
+        "loss": measured.get("loss"),
+        "final_loss": measured.get("final_loss"),
+        "losses": measured.get("losses"),
+        "losses_digest": measured.get("losses_digest"),
+        "reference": {
+            "step": configuration.get("reference_step"),
+            "run": configuration.get("reference_run"),
+        },
+        "baseline": outcome.get("baseline"),
+    }
+
+
+def recovery_summary(run: AcceptanceRun) -> dict[str, Any] | None:
+    """The recovery tier as the certificate records it: the job and its fault, each
+    criterion (recovered, time to recover, lost work, the drill) and the figures."""
+    if Tier.RECOVERY not in run.tiers:
+        return None
+    outcome = (run.outcomes or {}).get(Tier.RECOVERY, {})
+    trial = RecoveryTrial.objects.filter(run=run).first()
+    return {
+        "verdict": outcome.get("verdict"),
+        "reason": outcome.get("reason"),
+        "criteria": outcome.get("criteria") or [],
+        "job": str(trial.job_id) if trial and trial.job_id else None,
+        "fault": trial.fault if trial else None,
+        "fault_step": trial.fault_step if trial else None,
+        "trainer_config": RECOVERY_TRAINER_CONFIG,
+        "stage": trial.stage if trial and not trial.cleaned_up_at else "",
+        "drill": str(trial.drill_id) if trial and trial.drill_id else None,
+        "figures": {
+            key: outcome.get(key)
+            for key in (
+                "incident",
+                "signal",
+                "outcome",
+                "time_to_detect_s",
+                "time_to_recover_s",
+                "lost_steps",
+                "lost_gpu_hours",
+                "resumed_job",
+                "resumed_from_step",
+                "proving_drill",
+            )
+        },
+        "cleanup_problems": outcome.get("cleanup_problems") or [],
     }
 
 
@@ -180,7 +266,8 @@ def certificate_document(run: AcceptanceRun, now: datetime) -> dict[str, Any]:
             if step.tier == Tier.INVENTORY
         ],
         "criteria": criteria,
-        "sustained": _sustained(run),
+        "sustained": sustained_summary(run),
+        "recovery": recovery_summary(run),
         "convicted": list(run.convicted or []),
         "previous_certificate": previous.pk if previous else None,
         "regressions": regressions(previous.document if previous else None, criteria),

@@ -27,6 +27,8 @@ from acceptance.results import (
     judge_inventory,
     probe_documents,
 )
+from acceptance.sustained import MARGIN_MINUTES, THREADS_PER_RANK, expected_of, reference_of
+from acceptance.sustained_judge import judge_sustained
 from acceptance.thresholds import INCONCLUSIVE
 from controlplane.tasknames import ACCEPTANCE_STEP_SUBMIT
 from health.services import probe_record
@@ -47,6 +49,13 @@ RESULT_MAX_BYTES = 4 << 20
 PROBE_OUTPUT_MAX_BYTES = 16 << 20
 PROBE_MINUTES = 10
 DEFAULT_COLLECTIVE_MINUTES = 20
+# The sustained run's files: metrics.jsonl grows with the time asked for (at most 60
+# minutes, a line per 5 or 50 steps); acceptance.json is a few kilobytes per rank.
+METRICS_NAME = "metrics.jsonl"
+TRAINER_ACCEPTANCE_NAME = "acceptance.json"
+METRICS_MAX_BYTES = 64 << 20
+TRAINER_ACCEPTANCE_MAX_BYTES = 8 << 20
+CONFIG_NAME = "config.json"
 
 
 def step_directory(step: AcceptanceStep) -> str:
@@ -73,12 +82,39 @@ def collectives_args(step: AcceptanceStep, out_dir: str) -> tuple[str, ...]:
     )
 
 
+def sustained_args(step: AcceptanceStep, out_dir: str) -> tuple[str, ...]:
+    seconds = int((step.configuration or {}).get("seconds") or 60)
+    return (
+        "train",
+        "--config",
+        f"{out_dir}/{CONFIG_NAME}",
+        "--run-dir",
+        out_dir,
+        "--max-seconds",
+        str(seconds),
+    )
+
+
+def _time_limit(step: AcceptanceStep) -> int:
+    if step.tier == Tier.INVENTORY:
+        return PROBE_MINUTES
+    if step.tier == Tier.SUSTAINED:
+        seconds = int((step.configuration or {}).get("seconds") or 60)
+        return -(-seconds // 60) + MARGIN_MINUTES
+    return max(1, int((step.run.options or {}).get("minutes", DEFAULT_COLLECTIVE_MINUTES)))
+
+
 def step_script_spec(step: AcceptanceStep, *, trainer_path: str) -> ScriptSpec:
-    """One task per node for the probe; for a collective, one per GPU of each node (one
-    per node without GPUs), srun over exactly the group's nodes."""
+    """One task per node for the probe; for a collective or the sustained run, one per GPU
+    of each node (one per node without GPUs), srun over exactly the group's nodes."""
     out_dir = step_directory(step)
     probe = step.tier == Tier.INVENTORY
-    minutes = int((step.run.options or {}).get("minutes", DEFAULT_COLLECTIVE_MINUTES))
+    if probe:
+        args: tuple[str, ...] = ("probe",)
+    elif step.tier == Tier.SUSTAINED:
+        args = sustained_args(step, out_dir)
+    else:
+        args = collectives_args(step, out_dir)
     return ScriptSpec(
         job_id=str(step.id),
         job_name=f"acceptance {step.tier} {step.level or ''} {compress(step.nodes)}".strip(),
@@ -92,10 +128,13 @@ def step_script_spec(step: AcceptanceStep, *, trainer_path: str) -> ScriptSpec:
         gpus_per_node=step.gpus_per_node,
         gpu_type="",
         memory_mb=None,
-        time_limit_minutes=PROBE_MINUTES if probe else max(1, minutes),
+        time_limit_minutes=_time_limit(step),
         nodelist=compress(step.nodes),
         switches="",
-        trainer_args=("probe",) if probe else collectives_args(step, out_dir),
+        trainer_args=args,
+        environment=(
+            (("TRAINER_NUM_THREADS", str(THREADS_PER_RANK)),) if step.tier == Tier.SUSTAINED else ()
+        ),
         # The probe prints its document on stdout: each rank's output in its own file.
         rank_output=probe,
     )
@@ -123,6 +162,11 @@ class StepLifecycle(SlurmLifecycle[AcceptanceStep]):
         trainer_path = trainer_ensure_uploaded(transport, obj.cluster.workdir)
         spec = step_script_spec(obj, trainer_path=trainer_path)
         transport.makedirs(spec.run_dir, mode=0o700)
+        if obj.tier == Tier.SUSTAINED:
+            config = (obj.configuration or {}).get("trainer_config") or {}
+            transport.put_bytes(
+                f"{spec.run_dir}/{CONFIG_NAME}", json.dumps(config).encode(), mode=0o644
+            )
         script = f"{spec.run_dir}/step.sbatch"
         transport.put_bytes(script, render_sbatch(spec).encode(), mode=0o755)
         return script
@@ -183,6 +227,8 @@ class StepLifecycle(SlurmLifecycle[AcceptanceStep]):
         transport = self.transport_of(obj)
         if obj.tier == Tier.INVENTORY:
             outcome = self._inventory_outcome(obj, transport, record)
+        elif obj.tier == Tier.SUSTAINED:
+            outcome = self._sustained_outcome(obj, transport, record)
         else:
             outcome = self._collective_outcome(obj, transport, record)
         return self.end_with(obj, outcome, record.exit_code)
@@ -204,6 +250,30 @@ class StepLifecycle(SlurmLifecycle[AcceptanceStep]):
             nodes=step.nodes,
             threshold=step.threshold,
             detail=step.threshold_detail or "no threshold",
+        )
+
+    def _sustained_outcome(
+        self, step: AcceptanceStep, transport: SshTransport, record: SlurmJob
+    ) -> StepOutcome:
+        directory = step_directory(step)
+        metrics = _read_bytes(transport, f"{directory}/{METRICS_NAME}", METRICS_MAX_BYTES)
+        if metrics is None:
+            metrics = (
+                f"the training run ended {record.state} (exit code {record.exit_code}) "
+                "without writing metrics.jsonl"
+            )
+        doc = _read_json(
+            transport, f"{directory}/{TRAINER_ACCEPTANCE_NAME}", TRAINER_ACCEPTANCE_MAX_BYTES
+        )
+        if isinstance(doc, str):
+            return StepOutcome(INCONCLUSIVE, doc)
+        return judge_sustained(
+            metrics,
+            doc,
+            expected=expected_of(step),
+            threshold=step.threshold,
+            threshold_detail=step.threshold_detail or "no threshold",
+            reference=reference_of(step),
         )
 
     def _inventory_outcome(
@@ -240,6 +310,17 @@ def inventory_node(node: Node) -> InventoryNode:
     gpus = list(node.gpus.all())
     types = tuple(sorted({gpu.gpu_type for gpu in gpus if gpu.gpu_type}))
     return InventoryNode(name=node.name, gpus=len(gpus), gpu_types=types)
+
+
+def _read_bytes(transport: SshTransport, path: str, limit: int) -> bytes | str | None:
+    """The bytes at ``path``, read bounded (a regular file, no link). Missing: None;
+    refused (a link, a directory, over ``limit``): a string saying why."""
+    try:
+        return transport.read_bounded(path, limit)
+    except slurm_errors.RemoteFileNotFound:
+        return None
+    except slurm_errors.RemoteFileRefused as refused:
+        return f"{path.rsplit('/', 1)[-1]} refused: {refused}"
 
 
 def _read_json(transport: SshTransport, path: str, limit: int) -> Any:

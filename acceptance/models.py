@@ -19,6 +19,8 @@ from django.core.exceptions import ValidationError
 from django.db import models
 from django.db.models import Q
 
+from drills.models import RestoreDrill
+from jobs.models import Job
 from nodes.models import Cluster
 from runs.models import SlurmTracked
 
@@ -159,6 +161,11 @@ class AcceptanceStep(SlurmTracked):
     # What was measured (bounded, the parts the verdict rests on), e.g. busbw per op.
     measured = models.JSONField(null=True, blank=True)
     busbw = models.FloatField(null=True, blank=True)
+    # Sustained training: the fixed configuration the step runs (trainer config, device,
+    # precision, world size, GPU type, trainer digest, the reference it is compared with)
+    # and its key: a record or reference counts only for exactly the same key.
+    configuration = models.JSONField(null=True, blank=True)
+    config_key = models.CharField(max_length=64, blank=True)
     verdict = models.CharField(max_length=16, choices=Verdict.choices, blank=True)
     reason = models.TextField(blank=True)
     evidence = models.JSONField(null=True, blank=True)
@@ -175,6 +182,7 @@ class AcceptanceStep(SlurmTracked):
         ]
         indexes = [
             models.Index(fields=["cluster", "state"], name="acceptance_step_cluster_state"),
+            models.Index(fields=["cluster", "tier", "config_key"], name="acceptance_step_config"),
         ]
 
     def __str__(self) -> str:
@@ -184,6 +192,34 @@ class AcceptanceStep(SlurmTracked):
     @property
     def is_final(self) -> bool:
         return self.state in self.FINAL_STATES
+
+
+class RecoveryTrial(models.Model):
+    """The recovery tier of a run (``acceptance.recovery_tier``): the training job it
+    submitted with one rank set to die mid-run, the lineage recovery made of it, and the
+    restore drill the tier asked for afterwards."""
+
+    run = models.OneToOneField(
+        AcceptanceRun, on_delete=models.CASCADE, related_name="recovery_trial"
+    )
+    job = models.ForeignKey(Job, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    # The trainer fault set on the job (``TRAINER_FAULT``) and the step it fires at.
+    fault = models.CharField(max_length=64)
+    fault_step = models.PositiveIntegerField()
+    drill = models.ForeignKey(
+        RestoreDrill, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    # Why the drill service last refused to start the drill (it is asked again next cycle).
+    drill_refused = models.TextField(blank=True)
+    # What the tier waits for now, in words (shown on the run's page).
+    stage = models.CharField(max_length=200, blank=True)
+    created_at = models.DateTimeField()
+    # When the tier ended and cancelled what was left of the lineage (and what it could not).
+    cleaned_up_at = models.DateTimeField(null=True, blank=True)
+    cleanup_problems = models.TextField(blank=True)
+
+    def __str__(self) -> str:
+        return f"recovery trial of {self.run_id}"
 
 
 class Certificate(models.Model):

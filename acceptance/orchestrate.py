@@ -23,17 +23,15 @@ from django.db import transaction
 
 from acceptance.certificate import certificate_issue
 from acceptance.models import TIER_ORDER, AcceptanceRun, AcceptanceStep, Tier, Verdict
+from acceptance.recovery_tier import recovery_advance
 from acceptance.results import tier_verdict
 from acceptance.rounds import isolation_advance, isolation_outcome
+from acceptance.sustained import sustained_advance
 from acceptance.thresholds import NODE
 from acceptance.tiers import COLLECTIVE_LEVELS, SetNode, level_groups, set_nodes, steps_create
 from nodes.models import AcceptanceState, Cluster, Node
 
 logger = logging.getLogger(__name__)
-
-NOT_BUILT = (
-    "Gantry cannot run this tier yet: nothing was measured, so it neither passes nor fails the set"
-)
 
 
 def acceptance_cycle(*, cluster: Cluster, now: datetime) -> int:
@@ -88,9 +86,7 @@ def _start_tier(run: AcceptanceRun, tier: str | None, now: datetime) -> int:
     if tier == Tier.INVENTORY:
         steps_create(run, tier=tier, level="", groups=[tuple(n.name for n in nodes)], nodes=nodes)
         return 1
-    if tier in (Tier.SUSTAINED, Tier.RECOVERY):
-        return _tier_done(run, tier, Verdict.INCONCLUSIVE, NOT_BUILT, now)
-    return _advance(run, now)
+    return _advance(run, now) or 1
 
 
 def _advance(run: AcceptanceRun, now: datetime) -> int:
@@ -101,6 +97,21 @@ def _advance(run: AcceptanceRun, now: datetime) -> int:
         return _advance_collectives(run, set_nodes(run), now)
     if tier == Tier.ISOLATION:
         return _advance_isolation(run, set_nodes(run), now)
+    if tier == Tier.SUSTAINED:
+        sustained = sustained_advance(run, set_nodes(run))
+        if isinstance(sustained, int):
+            return sustained
+        return _tier_done(
+            run, tier, sustained.verdict, sustained.reason, now, extra=sustained.extra
+        )
+    if tier == Tier.RECOVERY:
+        gpus = min((n.gpus for n in set_nodes(run)), default=0)
+        recovered = recovery_advance(run, gpus, now)
+        if isinstance(recovered, int):
+            return recovered
+        return _tier_done(
+            run, tier, recovered.verdict, recovered.reason, now, extra=recovered.extra
+        )
     return _start_tier(run, _next_tier(run, tier), now)
 
 

@@ -10,6 +10,7 @@ from typing import Any
 from django.db.models import QuerySet
 from django.http import Http404
 
+from acceptance.certificate import recovery_summary, sustained_summary
 from acceptance.models import AcceptanceRun, AcceptanceStep, Certificate, Tier
 from acceptance.tiers import COLLECTIVE_LEVELS
 from nodes.models import Node
@@ -113,6 +114,9 @@ class RunView:
     certificate: Certificate | None
     regressions: list[dict[str, Any]]
     findings: list[dict[str, Any]]
+    sustained: dict[str, Any] | None = None
+    loss_chart: dict[str, Any] | None = None
+    recovery: dict[str, Any] | None = None
 
 
 def run_view(*, run: AcceptanceRun) -> RunView:
@@ -137,6 +141,7 @@ def run_view(*, run: AcceptanceRun) -> RunView:
         Node.objects.filter(cluster=run.cluster, name__in=run.convicted or []).order_by("name")
     )
     findings = list((outcomes.get(Tier.ISOLATION.value) or {}).get("findings") or [])
+    sustained = sustained_summary(run)
     return RunView(
         run=run,
         tiers=tiers,
@@ -146,7 +151,47 @@ def run_view(*, run: AcceptanceRun) -> RunView:
         certificate=certificate,
         regressions=list((certificate.document.get("regressions") if certificate else None) or []),
         findings=findings,
+        sustained=sustained,
+        loss_chart=loss_chart((sustained or {}).get("losses")),
+        recovery=recovery_summary(run),
     )
+
+
+LOSS_CHART_POINTS = 400
+
+
+def loss_chart(losses: Any) -> dict[str, Any] | None:
+    """The sustained run's loss curve as an SVG polyline (at most ``LOSS_CHART_POINTS``
+    points, every k-th logged step), or None without losses."""
+    if not isinstance(losses, dict):
+        return None
+    points = sorted(
+        (int(step), float(loss))
+        for step, loss in losses.items()
+        if str(step).isdigit() and isinstance(loss, int | float) and not isinstance(loss, bool)
+    )
+    if len(points) < 2:
+        return None
+    every = max(1, len(points) // LOSS_CHART_POINTS)
+    shown = points[::every]
+    first, last = shown[0][0], shown[-1][0]
+    low, high = min(v for _, v in shown), max(v for _, v in shown)
+    plot_w, plot_h = CHART_WIDTH - CHART_LEFT - 8, CHART_HEIGHT - CHART_BOTTOM - 10
+    span, rise = max(1, last - first), (high - low) or 1.0
+    coordinates = " ".join(
+        f"{CHART_LEFT + plot_w * (step - first) / span:.1f},"
+        f"{10 + plot_h - plot_h * (value - low) / rise:.1f}"
+        for step, value in shown
+    )
+    return {
+        "points": coordinates,
+        "width": CHART_WIDTH,
+        "height": CHART_HEIGHT,
+        "top_text": f"{high:.4g}",
+        "bottom_text": f"{low:.4g}",
+        "first_step": first,
+        "last_step": last,
+    }
 
 
 def node_certificates(*, node: Node, limit: int = 20) -> list[dict[str, Any]]:

@@ -20,13 +20,18 @@ from acceptance.models import (
     TIER_ORDER,
     AcceptanceRun,
     AcceptanceStep,
+    Tier,
 )
 from acceptance.orchestrate import run_advance
+from acceptance.recovery_tier import DEFAULT_MINUTES as RECOVERY_MINUTES
+from acceptance.recovery_tier import recovery_cleanup
+from acceptance.sustained import DEFAULT_MINUTES as SUSTAINED_MINUTES
 from core.audit import AuditAction, audit_event_record
 from core.errors import ApplicationError, ConflictError, FieldError
 from core.roles import is_operator
 from core.types import User
 from jobs.models import Job
+from nodes.identities import cluster_account_for
 from nodes.models import Cluster, Node, Partition
 from nodes.services import cluster_reconcile_soon
 from nodes.slurm.hostlist import expand, natural_key
@@ -34,9 +39,30 @@ from nodes.slurm.hostlist import expand, natural_key
 logger = logging.getLogger(__name__)
 
 MAX_NODES = 1024
-# Collectives options an operator may set, with their bounds.
-OPTION_BOUNDS = {"max_mib": (1, 4096), "iters": (1, 1000), "warmup": (0, 100), "minutes": (1, 120)}
-DEFAULT_OPTIONS = {"max_mib": 64, "iters": 10, "warmup": 3, "minutes": 20}
+# Options an operator may set, with their bounds (whole numbers): the collectives'; the
+# sustained tier's minutes of training and, optionally, its throughput threshold; the
+# recovery tier's time bound and, optionally, its thresholds.
+OPTION_BOUNDS = {
+    "max_mib": (1, 4096),
+    "iters": (1, 1000),
+    "warmup": (0, 100),
+    "minutes": (1, 120),
+    "sustained_minutes": (1, 60),
+    "sustained_min_tokens_per_s": (1, 10**12),
+    "recovery_minutes": (10, 120),
+    "recovery_max_seconds": (1, 24 * 3600),
+    "recovery_max_lost_steps": (0, 10**6),
+}
+DEFAULT_OPTIONS = {
+    "max_mib": 64,
+    "iters": 10,
+    "warmup": 3,
+    "minutes": 20,
+    "sustained_minutes": SUSTAINED_MINUTES,
+    "recovery_minutes": RECOVERY_MINUTES,
+}
+# Thresholds with no default: without them their criterion is inconclusive.
+OPTIONAL_OPTIONS = ("sustained_min_tokens_per_s", "recovery_max_seconds", "recovery_max_lost_steps")
 _PARTITION = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 
@@ -133,7 +159,7 @@ def clean_options(options: Any) -> dict[str, Any]:
     unknown = sorted(set(options) - set(OPTION_BOUNDS))
     if unknown:
         raise FieldError("options", f"unknown option(s) {', '.join(map(str, unknown))}")
-    values = {**DEFAULT_OPTIONS}
+    values: dict[str, Any] = {**DEFAULT_OPTIONS}
     for key, (low, high) in OPTION_BOUNDS.items():
         if key in options:
             value = options[key]
@@ -147,7 +173,22 @@ def clean_options(options: Any) -> dict[str, Any]:
         "iters": values["iters"],
         "warmup": values["warmup"],
         "minutes": values["minutes"],
+        "sustained_minutes": values["sustained_minutes"],
+        "recovery_minutes": values["recovery_minutes"],
+        **{key: values[key] for key in OPTIONAL_OPTIONS if key in values},
     }
+
+
+def _check_recovery_possible(cluster: Cluster, actor: User) -> None:
+    """The recovery tier submits a job as the operator's own account and needs drills that
+    prove: refused now (400) rather than inconclusive later."""
+    cluster_account_for(cluster=cluster, user=actor)
+    if not cluster.verifier_account:
+        raise FieldError(
+            "tiers",
+            f"the recovery tier needs {cluster.name}'s verifier account (recovery resumes only "
+            "from a checkpoint a verifier's drill proved); an operator sets one first",
+        )
 
 
 def acceptance_run_start(*, actor: User, request: RunRequest) -> AcceptanceRun:
@@ -160,6 +201,8 @@ def acceptance_run_start(*, actor: User, request: RunRequest) -> AcceptanceRun:
     partition, names = node_set(cluster, request.scope, request.value)
     tiers = clean_tiers(request.tiers)
     options = clean_options(request.options)
+    if Tier.RECOVERY in tiers:
+        _check_recovery_possible(cluster, actor)
     with transaction.atomic():
         # Locks the cluster row: two starts over the same nodes cannot both pass the check.
         Cluster.objects.select_for_update().filter(pk=cluster.pk).first()
@@ -220,6 +263,8 @@ def acceptance_run_cancel(*, actor: User, run: AcceptanceRun) -> str:
             STEPS.cancel(step, by=actor.get_username(), audit=lambda _step: None)
         except ApplicationError as error:
             problems.append(f"{step}: {error.message}")
+    # The recovery tier's training lineage and drill, if it got that far.
+    problems += recovery_cleanup(run=run, actor=actor, now=now)
     run.refresh_from_db()
     if problems:
         logger.warning("acceptance run %s: cancelling steps: %s", run.id, "; ".join(problems))

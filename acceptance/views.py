@@ -19,6 +19,7 @@ from acceptance.models import REQUESTABLE_TIERS, AcceptanceRun, Certificate, Tie
 from acceptance.selectors import run_get, run_list, run_view
 from acceptance.services import (
     DEFAULT_OPTIONS,
+    OPTION_BOUNDS,
     RunRequest,
     acceptance_run_cancel,
     acceptance_run_start,
@@ -62,7 +63,7 @@ def _start_request(request: HttpRequest) -> RunRequest:
     if not cluster.isdigit():
         raise FieldError("cluster", "choose a cluster")
     options: dict[str, Any] = {}
-    for name in DEFAULT_OPTIONS:
+    for name in OPTION_BOUNDS:
         value = _whole_number(request, name)
         if value is not None:
             options[name] = value

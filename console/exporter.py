@@ -123,9 +123,10 @@ class FleetSnapshot:
     goodput: dict[int, goodput.Ledger] = field(default_factory=dict)
     # None when the counts could not be read
     cache_counts: dict[str, cache.CacheCounts] | None = None
-    # (cluster id, signal, outcome) -> incidents; cluster id -> suspect nodes
+    # (cluster id, signal, outcome) -> incidents; cluster id -> suspect nodes (all, and
+    # those suspected of silent data corruption)
     incidents: dict[tuple[int, str, str], int] = field(default_factory=dict)
-    suspects: dict[int, int] = field(default_factory=dict)
+    suspects: dict[int, tuple[int, int]] = field(default_factory=dict)
     health: FleetHealth = field(default_factory=FleetHealth)
 
 
@@ -484,12 +485,22 @@ def _recovery_metrics(snapshot: FleetSnapshot) -> Iterator[Metric]:
     yield incidents
     suspects = GaugeMetricFamily(
         "gantry_suspect_nodes",
-        "Nodes the evidence of incidents points at, not cleared by an operator.",
+        "Nodes the evidence of incidents (or of silent data corruption) points at, not "
+        "cleared by an operator.",
+        labels=["cluster"],
+    )
+    corrupting = GaugeMetricFamily(
+        "gantry_sdc_suspect_nodes",
+        "Nodes suspected of silent data corruption (a restore drill failed its bit-exact "
+        "comparison there and passed it elsewhere), not cleared by an operator.",
         labels=["cluster"],
     )
     for cluster_id, name in sorted(names.items()):
-        suspects.add_metric([name], snapshot.suspects.get(cluster_id, 0))
+        every, sdc = snapshot.suspects.get(cluster_id, (0, 0))
+        suspects.add_metric([name], every)
+        corrupting.add_metric([name], sdc)
     yield suspects
+    yield corrupting
 
 
 HEALTH_STATES = ("ok", "warning", "critical", "unknown")

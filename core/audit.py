@@ -54,6 +54,8 @@ class AuditAction(models.TextChoices):
     RECOVERY_RESUME = "recovery.resume"
     RECOVERY_POLICY_UPDATE = "recovery_policy.update"
     SUSPECT_NODE_CLEAR = "suspect_node.clear"
+    # Gantry itself naming a node suspect of silent data corruption (``recovery.sdc``).
+    SUSPECT_NODE_SDC = "suspect_node.sdc"
     # Where a cluster's health probes are collected from (operators), and a collection that
     # changed nodes' health (Gantry itself; placement reads the health).
     HEALTH_SOURCE_UPDATE = "health_source.update"

@@ -283,9 +283,12 @@ class DrillLifecycle(SlurmLifecycle[RestoreDrill]):
         return RestoreDrill.State.PENDING if phase == Phase.PENDING else RestoreDrill.State.RUNNING
 
     def observed(self, obj: RestoreDrill, slurm_job: SlurmJob, to_state: str) -> dict[str, Any]:
-        if to_state != RestoreDrill.State.RUNNING or obj.started_at is not None:
+        if to_state != RestoreDrill.State.RUNNING:
             return {}
-        return _started_values(obj, slurm_job.start_time or timezone.now())
+        values = _nodes_values(obj, slurm_job)
+        if obj.started_at is None:
+            values.update(_started_values(obj, slurm_job.start_time or timezone.now()))
+        return values
 
     def ended_values(self, now: datetime) -> dict[str, Any]:
         return {"finished_at": now}
@@ -302,9 +305,14 @@ class DrillLifecycle(SlurmLifecycle[RestoreDrill]):
     def finished(self, obj: RestoreDrill, record: SlurmJob, now: datetime) -> bool:
         if slurm_phase(record.state) == Phase.CANCELLED:
             return self.transition(obj, RestoreDrill.State.CANCELLED, finished_at=now)
+        ran = _nodes_values(obj, record)
         if obj.started_at is None and record.start_time:
             # It ran and ended between two cycles: fill in when it started.
-            RestoreDrill.objects.filter(id=obj.id).update(**_started_values(obj, record.start_time))
+            ran.update(_started_values(obj, record.start_time))
+        if ran:
+            RestoreDrill.objects.filter(id=obj.id).update(**ran)
+            for key, value in ran.items():
+                setattr(obj, key, value)
         transport = self.transport_of(obj)
         report = _read_report(obj, transport)
         owner = self.owner_transport(obj) if obj.is_attested else transport
@@ -338,6 +346,18 @@ class DrillLifecycle(SlurmLifecycle[RestoreDrill]):
             "without writing drill.json",
             exit_code=record.exit_code,
         )
+
+
+# What Slurm shows for a job that holds no nodes.
+_NO_NODES = ("None assigned", "(null)")
+
+
+def _nodes_values(drill: RestoreDrill, slurm_job: SlurmJob) -> dict[str, Any]:
+    """The nodes Slurm gave the drill (squeue's or sacct's node list; never the report's)."""
+    expression = slurm_job.node_list_expr
+    if not expression or expression in _NO_NODES or expression == drill.allocated_nodes:
+        return {}
+    return {"allocated_nodes": expression[:1024]}
 
 
 def _started_values(drill: RestoreDrill, started: datetime) -> dict[str, Any]:

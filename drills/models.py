@@ -81,6 +81,10 @@ class RestoreDrill(SlurmTracked):
     allocation_key = models.CharField(
         max_length=255, help_text="Canonical form of the allocation, for duplicate checks."
     )
+    # The nodes Slurm ran the drill on (its node list expression, as squeue or sacct gave
+    # it; never from the drill's own report): what a bit-exact failure on one allocation
+    # and a pass on another is evidence against (``recovery.sdc``). Empty: not seen.
+    allocated_nodes = models.CharField(max_length=1024, blank=True)
     state = models.CharField(max_length=16, choices=State.choices, default=State.QUEUED)
     verdict = models.CharField(max_length=16, choices=Verdict.choices, blank=True)
     reason = models.TextField(blank=True)

@@ -31,6 +31,12 @@ from runs.trainers import archive_current
 from trainer.schema import Reason
 
 _NO_NODES = ("None assigned", "(null)")
+_FOLDED_STATE_REASONS = {
+    "OUT_OF_MEMORY": "out of memory",
+    "PREEMPTED": "preempted",
+    "BOOT_FAIL": "boot failure",
+    "DEADLINE": "deadline reached",
+}
 
 
 def job_event(
@@ -58,10 +64,11 @@ def final_values(slurm_job: SlurmJob) -> dict[str, Any]:
     if slurm_job.node_list_expr and slurm_job.node_list_expr not in _NO_NODES:
         values["allocated_nodes"] = slurm_job.node_list_expr[:1024]
     reason = slurm_job.reason or ""
-    if slurm_job.state.upper() == "OUT_OF_MEMORY":
-        reason = "out of memory"
-    elif slurm_job.state.upper() == "PREEMPTED":
-        reason = "preempted"
+    # Slurm states Gantry's own states fold into (``runs.lifecycle.phases``), kept in the
+    # reason: recovery reads them (a preemption names no node, a boot failure its nodes).
+    folded = _FOLDED_STATE_REASONS.get(slurm_job.state.upper())
+    if folded:
+        reason = folded
     if slurm_job.signal:
         reason = f"{reason} (signal {slurm_job.signal})".strip()
     if reason and reason.lower() != "none":

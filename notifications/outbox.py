@@ -32,6 +32,7 @@ from jobs.models import JobEvent
 from nodes.models import NodeEvent
 from notifications.acceptance_source import acceptance_outcomes
 from notifications.models import Cursor, Delivery, Event, Subscription
+from notifications.sdc_source import sdc_suspicions
 from notifications.sources import (
     EventDraft,
     Window,
@@ -208,6 +209,7 @@ def notifications_collect(*, now: datetime | None = None) -> CollectResult:
             *incidents(since=since),
             *health_changes(since=since),
             *acceptance_outcomes(since=since),
+            *sdc_suspicions(since=since),
         ]
         events = _record(drafts)
         deliveries = _deliveries(events, now=now)

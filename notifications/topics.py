@@ -3,10 +3,10 @@
 A user's own topics: their jobs ending, their restore drills finishing (drills of their jobs
 or that they started). Operators' topics: cluster events (a node drained or down, any
 drill failing, a running job's proven checkpoint older than its cluster allows, a node's or
-a GPU's health changing), optionally for one cluster. One event reaches one subscription at
-most once, whichever of its topics match: ``subscription_wants`` is the one rule, used when
-deliveries are made and again right before one is sent (a person who lost the operator role
-gets nothing more).
+a GPU's health changing, a node suspected of silent data corruption), optionally for one
+cluster. One event reaches one subscription at most once, whichever of its topics match:
+``subscription_wants`` is the one rule, used when deliveries are made and again right before
+one is sent (a person who lost the operator role gets nothing more).
 """
 
 from __future__ import annotations
@@ -40,6 +40,10 @@ class Topic(models.TextChoices):
         "acceptance",
         "acceptance runs end (passed, failed, inconclusive) and convict nodes (operators)",
     )
+    SILENT_DATA_CORRUPTION = (
+        "suspect.sdc",
+        "a node is suspected of silent data corruption by a pair of restore drills (operators)",
+    )
 
 
 OPERATOR_TOPICS = frozenset(
@@ -51,6 +55,7 @@ OPERATOR_TOPICS = frozenset(
         Topic.INCIDENT_HELD,
         Topic.HEALTH,
         Topic.ACCEPTANCE,
+        Topic.SILENT_DATA_CORRUPTION,
     }
 )
 
@@ -66,6 +71,7 @@ class EventKind(models.TextChoices):
     HEALTH_CHANGED = "health.changed"
     ACCEPTANCE_ENDED = "acceptance.ended"
     ACCEPTANCE_CONVICTED = "acceptance.convicted"
+    SUSPECT_SDC = "suspect.sdc"
 
 
 @dataclass(frozen=True)
@@ -95,6 +101,7 @@ _OPERATOR_TOPIC_OF_KIND: dict[str, str] = {
     EventKind.HEALTH_CHANGED.value: Topic.HEALTH.value,
     EventKind.ACCEPTANCE_ENDED.value: Topic.ACCEPTANCE.value,
     EventKind.ACCEPTANCE_CONVICTED.value: Topic.ACCEPTANCE.value,
+    EventKind.SUSPECT_SDC.value: Topic.SILENT_DATA_CORRUPTION.value,
 }
 
 

@@ -19,7 +19,7 @@ from core.errors import FieldError
 from core.permissions import IsOperator, IsResearcherOrOperator, ReadByRolesWriteByOperators
 from nodes.models import Cluster, Node
 from recovery.detect import policy_for
-from recovery.models import Incident, RecoveryPolicy
+from recovery.models import Incident, RecoveryPolicy, SuspectNode
 from recovery.operators import recovery_policy_update, suspect_node_clear
 from recovery.selectors import incident_list, suspect_nodes
 
@@ -139,9 +139,36 @@ class RecoveryPolicyApi(APIView):
 
 
 class SuspectEvidenceSerializer(serializers.Serializer):
-    incident = serializers.IntegerField()
+    kind = serializers.ChoiceField(choices=SuspectNode.Kind.choices)
+    # An incident's suspicion: the incident and its job.
+    incident = serializers.IntegerField(allow_null=True)
+    # The job whose evidence it is: the incident's, or (silent data corruption) the job
+    # whose checkpoint the drills ran.
     job = serializers.CharField()
+    # Silent data corruption: the drill that failed its bit-exact comparison on the node,
+    # the drill that passed it on other nodes, and the checkpoint they ran.
+    drill = serializers.UUIDField(allow_null=True)
+    passed_drill = serializers.UUIDField(allow_null=True)
+    checkpoint = serializers.IntegerField(allow_null=True)
+    checkpoint_step = serializers.IntegerField(allow_null=True)
     why = serializers.CharField()
+
+
+def _evidence(suspicion: SuspectNode) -> dict[str, Any]:
+    drill = suspicion.drill
+    job = suspicion.incident.job_id if suspicion.incident is not None else None
+    if drill is not None:
+        job = drill.checkpoint.job_id
+    return {
+        "kind": suspicion.kind,
+        "incident": suspicion.incident_id,
+        "job": str(job) if job is not None else "",
+        "drill": str(drill.id) if drill is not None else None,
+        "passed_drill": str(suspicion.passed_drill_id) if suspicion.passed_drill_id else None,
+        "checkpoint": drill.checkpoint_id if drill is not None else None,
+        "checkpoint_step": drill.checkpoint.step if drill is not None else None,
+        "why": suspicion.evidence,
+    }
 
 
 class SuspectNodeSerializer(serializers.Serializer):
@@ -151,12 +178,14 @@ class SuspectNodeSerializer(serializers.Serializer):
     state = serializers.CharField()
     runs = serializers.IntegerField()
     offered_for_draining = serializers.BooleanField()
+    silent_data_corruption = serializers.BooleanField()
     evidence = SuspectEvidenceSerializer(many=True)
 
 
 class SuspectNodesApi(APIView):
-    """Nodes the evidence of incidents points at, not cleared yet, most suspected first
-    (operators). ``offered_for_draining``: suspect in incidents of two or more runs."""
+    """Nodes the evidence points at (incidents, and silent data corruption shown by a pair
+    of restore drills), not cleared yet, most suspected first (operators).
+    ``offered_for_draining``: suspect with evidence from two or more runs."""
 
     permission_classes = [IsOperator]
 
@@ -178,14 +207,8 @@ class SuspectNodesApi(APIView):
                     "state": summary.node.state,
                     "runs": summary.jobs,
                     "offered_for_draining": summary.offered_for_draining,
-                    "evidence": [
-                        {
-                            "incident": s.incident_id,
-                            "job": str(s.incident.job_id),
-                            "why": s.evidence,
-                        }
-                        for s in summary.suspicions
-                    ],
+                    "silent_data_corruption": summary.silent_data_corruption,
+                    "evidence": [_evidence(s) for s in summary.suspicions],
                 }
                 for summary in suspect_nodes(cluster_id=cluster_id)
             ]

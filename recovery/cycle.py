@@ -1,4 +1,5 @@
-"""Recovery's part of a watcher cycle: detect (crashes, hangs), then move open incidents on.
+"""Recovery's part of a watcher cycle: detect (crashes, hangs), then move open incidents on,
+and record the silent data corruption that finished restore drills show (``recovery.sdc``).
 Database work only: what it knows of the cluster is what the cycle already read (Slurm's
 final records, the run-directory listing). No remote command is added per job."""
 
@@ -12,6 +13,7 @@ from typing import Any
 from jobs.models import Job
 from nodes.models import Cluster
 from recovery.detect import hung_jobs, policy_for, progress_update
+from recovery.sdc import sdc_record
 from recovery.services import (
     crashes_open,
     divergences_open,
@@ -29,6 +31,8 @@ logger = logging.getLogger(__name__)
 class RecoveryResult:
     opened: int = 0
     advanced: int = 0
+    # Nodes newly suspected of silent data corruption.
+    sdc_suspects: int = 0
 
 
 def recovery_cycle(
@@ -59,5 +63,7 @@ def recovery_cycle(
             job=job, budget=budget, progress=state, policy=policy, now=now, directory=directory
         ):
             result.opened += 1
+    # Before incidents move on: a resume leaves out what drills that just ended showed.
+    result.sdc_suspects += sdc_record(cluster=cluster, now=now)
     result.advanced += incidents_advance(cluster=cluster, now=now)
     return result

@@ -6,6 +6,10 @@ its run directory every time it looked).
 What Gantry could not see is never evidence: an SSH time-out, sacct being down, a listing
 that did not reach a directory. A job Gantry declared ``lost`` (Slurm forgot it) is not
 taken for a crash either: that state rests on Gantry's view, not on the job's.
+
+A job Slurm preempted (no longer requeued by Slurm: Gantry submits with ``--no-requeue``)
+is resumed like a crash, as its own signal: it names no node. A cancelled job (by its
+owner, an operator, or Gantry itself) is never recovered.
 """
 
 from __future__ import annotations
@@ -110,9 +114,11 @@ def policy_for(cluster: Cluster) -> RecoveryPolicy:
 
 
 def crashed_jobs(cluster: Cluster, now: datetime) -> list[Job]:
-    """Jobs that ended in a failure of their own, recently, are still the newest of their
-    lineage (nothing resumed from them yet) and have no incident."""
-    return list(
+    """Jobs that ended in a failure of their own (or were preempted), recently, are still
+    the newest of their lineage (nothing resumed from them yet) and have no incident.
+    Cancelled jobs (by their owner, an operator or Gantry) never are; nor is a "time-out"
+    that only a signal before the time limit shows (``stopped_before_its_limit``)."""
+    found = (
         Job.objects.filter(
             cluster=cluster,
             state__in=list(FAILURE_SIGNALS),
@@ -123,6 +129,7 @@ def crashed_jobs(cluster: Cluster, now: datetime) -> list[Job]:
         .exclude(slurm_job_id="")
         .select_related("cluster")
     )
+    return [job for job in found if not stopped_before_its_limit(job)]
 
 
 def diverged_jobs(cluster: Cluster) -> list[Job]:
@@ -141,10 +148,44 @@ def diverged_jobs(cluster: Cluster) -> list[Job]:
     )
 
 
+# Slurm's final states that Gantry's ``failed`` folds in, as the reason ``jobs.lifecycle``
+# keeps (``final_values``), and the signal each one is. A preemption is no failure of the
+# job or its nodes (``--no-requeue``: Slurm does not run it again, recovery does).
+_FAILED_BY_REASON = (
+    ("preempted", Incident.Signal.PREEMPTED),
+    ("boot failure", Incident.Signal.BOOT_FAILURE),
+    ("out of memory", Incident.Signal.OUT_OF_MEMORY),
+)
+
+
 def signal_of(job: Job) -> str:
-    if job.state == Job.State.FAILED and "out of memory" in (job.state_reason or "").lower():
-        return Incident.Signal.OUT_OF_MEMORY
+    reason = (job.state_reason or "").lower()
+    if job.state == Job.State.FAILED:
+        for prefix, signal in _FAILED_BY_REASON:
+            if reason.startswith(prefix):
+                return signal
+        if "out of memory" in reason:
+            return Incident.Signal.OUT_OF_MEMORY
     return FAILURE_SIGNALS[Job.State(job.state)]
+
+
+# A job Gantry took for timed out from its exit record alone (no accounting, squeue no
+# longer showing it) that ran this much shorter than its time limit was stopped by someone
+# (a preemption, an owner's or operator's scancel on the cluster): Gantry cannot tell
+# which, so it does not recover it.
+TIMEOUT_SLACK = timedelta(minutes=2)
+_INFERRED_FROM_SIGNAL = "stopped by sig"
+
+
+def stopped_before_its_limit(job: Job) -> bool:
+    if job.state != Job.State.TIMEOUT:
+        return False
+    if not (job.state_reason or "").lower().startswith(_INFERRED_FROM_SIGNAL):
+        return False
+    if job.started_at is None or job.ended_at is None:
+        return True
+    ran = job.ended_at - job.started_at
+    return ran < timedelta(minutes=job.time_limit_minutes) - TIMEOUT_SLACK
 
 
 def progress_update(*, jobs: list[Job], seen: set[Any], now: datetime) -> dict[Any, JobProgress]:

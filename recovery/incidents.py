@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from core.errors import ApplicationError
@@ -13,7 +14,7 @@ from jobs.lifecycle import job_event
 from jobs.models import Job, JobEvent
 from jobs.recovery_settings import RecoverySettings
 from recovery.detect import policy_for
-from recovery.models import Incident, RecoveryPolicy
+from recovery.models import Incident, RecoveryPolicy, SuspectNode
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +52,15 @@ def lineage_jobs(root: Job) -> list[Job]:
         found.extend(children)
         frontier = [child.id for child in children]
     return found
+
+
+def lineage_suspicions(root: Job) -> QuerySet[SuspectNode]:
+    """The suspicions no operator cleared whose evidence comes from this lineage: its
+    incidents, and the silent data corruption that drills of its checkpoints showed."""
+    jobs = [job.id for job in lineage_jobs(root)]
+    return SuspectNode.objects.filter(cleared_at__isnull=True).filter(
+        Q(incident__lineage_root=root) | Q(drill__checkpoint__job_id__in=jobs)
+    )
 
 
 def incident_move(incident: Incident, to: str, *, reason: str = "", **values: Any) -> bool:

@@ -1,7 +1,8 @@
 """Automatic recovery on proof: what went wrong with a job (an ``Incident``), what the
 cluster's operators set as the default (``RecoveryPolicy``), which nodes the evidence
-points at (``SuspectNode``), and what the watcher last saw of a running job's progress
-(``JobProgress``, the clock hang detection runs on).
+points at (``SuspectNode``: an incident's, or the silent data corruption a pair of restore
+drills showed), and what the watcher last saw of a running job's progress (``JobProgress``,
+the clock hang detection runs on).
 """
 
 from __future__ import annotations
@@ -9,7 +10,9 @@ from __future__ import annotations
 from django.conf import settings
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
+from django.db.models import Q
 
+from drills.models import RestoreDrill
 from jobs.models import Checkpoint, Job
 from jobs.recovery_settings import MAX_ATTEMPTS_LIMIT, OnHang, RecoverySettings
 from nodes.models import Cluster, Node
@@ -85,6 +88,11 @@ class Incident(models.Model):
         NONFINITE_LOSS = "nonfinite_loss", "loss not finite"
         LOSS_SPIKE = "loss_spike", "loss spike"
         STRAGGLER = "straggler", "straggler (a rank persistently slower than its peers)"
+        # Slurm preempted the job; Gantry submits with --no-requeue, so Slurm does not run
+        # it again: recovery resumes it, and names no node (preemption is no node's fault).
+        PREEMPTED = "preempted", "preempted (not requeued by Slurm)"
+        # Slurm could not launch the job on its allocation (BOOT_FAIL): its nodes are named.
+        BOOT_FAILURE = "boot_failure", "boot failure (the allocation failed to launch)"
 
     class Outcome(models.TextChoices):
         # Detected; what is left of the job is being cancelled.
@@ -160,10 +168,33 @@ class Incident(models.Model):
 
 
 class SuspectNode(models.Model):
-    """A node the evidence of an incident points at, until an operator clears it."""
+    """A node the evidence points at, until an operator clears it. The evidence comes from
+    one source, named by ``kind``: an incident of a run (``incident``), or a restore drill
+    whose bit-exact comparison failed on this node while another drill of the same
+    checkpoint passed the same comparison on other nodes (``drill``, silent data
+    corruption; ``recovery.sdc``)."""
+
+    class Kind(models.TextChoices):
+        INCIDENT = "incident", "an incident of a run"
+        SILENT_DATA_CORRUPTION = "sdc", "silent data corruption"
 
     node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="suspicions")
-    incident = models.ForeignKey(Incident, on_delete=models.CASCADE, related_name="suspicions")
+    kind = models.CharField(max_length=16, choices=Kind.choices, default=Kind.INCIDENT)
+    incident = models.ForeignKey(
+        Incident, null=True, blank=True, on_delete=models.CASCADE, related_name="suspicions"
+    )
+    # Silent data corruption: the drill that failed its bit-exact comparison on this node,
+    # and the drill that passed the same comparison on other nodes.
+    drill = models.ForeignKey(
+        RestoreDrill,
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="sdc_suspicions",
+    )
+    passed_drill = models.ForeignKey(
+        RestoreDrill, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
     evidence = models.TextField()
     created_at = models.DateTimeField(auto_now_add=True)
     cleared_at = models.DateTimeField(null=True, blank=True)
@@ -173,12 +204,34 @@ class SuspectNode(models.Model):
 
     class Meta:
         ordering = ["-created_at"]
+        # The notifications collector reads the suspicions of silent data corruption since
+        # its last run.
+        indexes = [models.Index(fields=["kind", "created_at"], name="suspect_kind_created")]
         constraints = [
-            models.UniqueConstraint(fields=["node", "incident"], name="suspect_once_per_incident")
+            models.UniqueConstraint(fields=["node", "incident"], name="suspect_once_per_incident"),
+            # Detection runs every cycle: a drill names a node once.
+            models.UniqueConstraint(fields=["node", "drill"], name="suspect_once_per_drill"),
+            # Exactly one source of evidence, the one its kind says.
+            models.CheckConstraint(
+                name="suspect_one_source_of_evidence",
+                condition=(
+                    Q(kind="incident", incident__isnull=False, drill__isnull=True)
+                    | Q(kind="sdc", incident__isnull=True, drill__isnull=False)
+                ),
+            ),
         ]
 
     def __str__(self) -> str:
-        return f"{self.node_id} suspected in {self.incident_id}"
+        source = (
+            f"incident {self.incident_id}"
+            if self.kind == self.Kind.INCIDENT
+            else f"drill {self.drill_id} (silent data corruption)"
+        )
+        return f"{self.node_id} suspected in {source}"
+
+    @property
+    def is_silent_data_corruption(self) -> bool:
+        return self.kind == self.Kind.SILENT_DATA_CORRUPTION
 
 
 class JobProgress(models.Model):

@@ -20,8 +20,9 @@ from jobs.lifecycle import job_event
 from jobs.models import Checkpoint, Job, JobEvent, MetricPoint
 from jobs.recovery_settings import RecoverySettings
 from jobs.services import job_resume
-from recovery.incidents import incident_move, lineage_jobs
-from recovery.models import Incident, SuspectNode
+from nodes.slurm.hostlist import expand, natural_key
+from recovery.incidents import incident_move, lineage_jobs, lineage_suspicions
+from recovery.models import Incident
 
 logger = logging.getLogger(__name__)
 
@@ -36,14 +37,18 @@ def resume_on_proof(
             return False
         return incident_move(incident, Incident.Outcome.NOT_RECOVERED, reason=choice)
     excluded = _exclusions(incident, settings)
+    # No-progress hold: two failed attempts in a row from the same step on the same nodes.
+    # A preemption is no failed attempt: it is never held for it, nor held against.
     previous = (
         Incident.objects.filter(lineage_root=incident.lineage_root, resumed_job__isnull=False)
         .exclude(pk=incident.pk)
+        .exclude(signal=Incident.Signal.PREEMPTED)
         .order_by("-detected_at")
         .first()
     )
     if (
-        previous is not None
+        incident.signal != Incident.Signal.PREEMPTED
+        and previous is not None
         and previous.resumed_from_id is not None
         and previous.resumed_from is not None
         and previous.resumed_from.step >= choice.step
@@ -218,15 +223,12 @@ def _prove_first(
 
 def _exclusions(incident: Incident, settings: RecoverySettings) -> list[str]:
     """The lineage's suspect nodes not cleared by an operator (sorted), when the policy
-    excludes suspects."""
+    excludes suspects: named by its incidents, or by silent data corruption in drills of
+    its checkpoints."""
     if not settings.exclude_suspects:
         return []
     return sorted(
-        set(
-            SuspectNode.objects.filter(
-                incident__lineage_root=incident.lineage_root, cleared_at__isnull=True
-            ).values_list("node__name", flat=True)
-        )
+        set(lineage_suspicions(incident.lineage_root).values_list("node__name", flat=True))
     )
 
 
@@ -250,7 +252,7 @@ def _resume(
             actor=job.owner,
             checkpoint=checkpoint,
             name=f"{_base_name(job)} (recovered @{checkpoint.step})",
-            overrides={"exclude": ",".join(excluded)} if excluded else None,
+            overrides={"exclude": _with_job_exclusions(job, excluded)} if excluded else None,
             origin={"by": "recovery", "incident": incident.pk},
         )
         reason = f"resumed from step {checkpoint.step} (proven) as job {resumed.id}" + (
@@ -274,11 +276,9 @@ def _resume(
         )
         job_event(job, JobEvent.Kind.RECOVERY, message=f"recovery: {reason}"[:4000])
         why_left_out = "; ".join(
-            SuspectNode.objects.filter(
-                incident__lineage_root=incident.lineage_root,
-                cleared_at__isnull=True,
-                node__name__in=excluded,
-            ).values_list("evidence", flat=True)
+            lineage_suspicions(incident.lineage_root)
+            .filter(node__name__in=excluded)
+            .values_list("evidence", flat=True)
         )
         job_event(
             resumed,
@@ -291,6 +291,16 @@ def _resume(
         )
     logger.warning("job %s: %s", job.id, reason)
     return True
+
+
+def _with_job_exclusions(job: Job, excluded: list[str]) -> str:
+    """The suspects added to what the job already left out (its owner's ``--exclude``, or
+    an earlier recovery's): a resume never puts a node back that the run kept out of."""
+    try:
+        kept = expand(job.exclude_nodes) if job.exclude_nodes else []
+    except ValueError as error:
+        raise ApplicationError(f"the job's --exclude is not a node list: {error}") from None
+    return ",".join(sorted(set(kept) | set(excluded), key=natural_key))
 
 
 def _base_name(job: Job) -> str:

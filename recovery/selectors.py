@@ -56,6 +56,12 @@ class FleetWeek:
     lost_gpu_hours: float = 0.0
     by_signal: dict[str, int] = field(default_factory=dict)
 
+    @property
+    def signal_labels(self) -> list[tuple[str, int]]:
+        """``by_signal`` in words (a preemption reads "preempted (not requeued by Slurm)")."""
+        labels = dict(Incident.Signal.choices)
+        return [(labels.get(name, name), count) for name, count in sorted(self.by_signal.items())]
+
 
 def incident_fleet_weeks(*, weeks: int = 8, now: datetime | None = None) -> list[FleetWeek]:
     """Per cluster and ISO week: incidents, how many recovered or were held, mean time to
@@ -107,22 +113,55 @@ class SuspectSummary:
         """Suspect in incidents of different jobs' lineages: evidence beyond one run."""
         return self.jobs >= 2
 
+    @property
+    def silent_data_corruption(self) -> bool:
+        return any(item.is_silent_data_corruption for item in self.suspicions)
+
+
+def _evidence_lineage(suspicion: SuspectNode, roots: dict[Any, Any]) -> Any:
+    """The lineage whose evidence a suspicion is: its incident's, or (silent data
+    corruption) that of the job whose checkpoint the drills ran. ``roots`` caches a job's
+    lineage root by job id."""
+    if suspicion.incident is not None:
+        return suspicion.incident.lineage_root_id
+    if suspicion.drill is None:
+        return None
+    job = suspicion.drill.checkpoint.job
+    if job.id not in roots:
+        roots[job.id] = lineage_root(job).id
+    return roots[job.id]
+
+
+def _suspicions() -> QuerySet[SuspectNode]:
+    return SuspectNode.objects.select_related(
+        "node",
+        "node__cluster",
+        "incident",
+        "incident__job",
+        "drill",
+        "drill__checkpoint",
+        "drill__checkpoint__job",
+    )
+
 
 def suspect_nodes(*, cluster_id: int | None = None) -> list[SuspectSummary]:
-    """Nodes with suspicions no operator cleared, most suspected first."""
-    rows = SuspectNode.objects.filter(cleared_at__isnull=True).select_related(
-        "node", "node__cluster", "incident", "incident__job"
-    )
+    """Nodes with suspicions no operator cleared, most suspected first. A node's runs are
+    the distinct lineages its evidence comes from (an incident's, or the checkpoint's
+    job's for silent data corruption)."""
+    rows = _suspicions().filter(cleared_at__isnull=True)
     if cluster_id is not None:
         rows = rows.filter(node__cluster_id=cluster_id)
     by_node: dict[int, list[SuspectNode]] = defaultdict(list)
     for row in rows:
         by_node[row.node_id].append(row)
+    roots: dict[Any, Any] = {}
     found = [
         SuspectSummary(
             node=items[0].node,
             suspicions=items,
-            jobs=len({item.incident.lineage_root_id for item in items}),
+            jobs=len(
+                {_evidence_lineage(item, roots) for item in items} - {None},
+            ),
         )
         for items in by_node.values()
     ]
@@ -130,12 +169,9 @@ def suspect_nodes(*, cluster_id: int | None = None) -> list[SuspectSummary]:
 
 
 def node_incidents(*, node: Node, limit: int = 20) -> list[SuspectNode]:
-    """The incidents that named ``node`` (cleared or not), newest first."""
-    return list(
-        SuspectNode.objects.filter(node=node)
-        .select_related("incident", "incident__job")
-        .order_by("-created_at")[:limit]
-    )
+    """The suspicions that named ``node`` (an incident's, or silent data corruption a
+    pair of drills showed; cleared or not), newest first."""
+    return list(_suspicions().filter(node=node).order_by("-created_at")[:limit])
 
 
 def incident_counts() -> dict[tuple[int, str, str], int]:
@@ -150,14 +186,22 @@ def incident_counts() -> dict[tuple[int, str, str], int]:
     return {(r["cluster_id"], r["signal"], r["outcome"]): r["count"] for r in rows}
 
 
-def suspect_counts() -> dict[int, int]:
-    """cluster id -> nodes with suspicions no operator cleared (one query)."""
-    from django.db.models import Count
+def suspect_counts() -> dict[int, tuple[int, int]]:
+    """cluster id -> (nodes with suspicions no operator cleared, those of them suspected of
+    silent data corruption) (one query)."""
+    from django.db.models import Count, Q
 
     rows = (
         SuspectNode.objects.filter(cleared_at__isnull=True)
         .order_by()
         .values("node__cluster_id")
-        .annotate(count=Count("node_id", distinct=True))
+        .annotate(
+            count=Count("node_id", distinct=True),
+            sdc=Count(
+                "node_id",
+                distinct=True,
+                filter=Q(kind=SuspectNode.Kind.SILENT_DATA_CORRUPTION),
+            ),
+        )
     )
-    return {r["node__cluster_id"]: r["count"] for r in rows}
+    return {r["node__cluster_id"]: (r["count"], r["sdc"]) for r in rows}

@@ -52,6 +52,9 @@ logger = logging.getLogger(__name__)
 # A node failure, and a hang nobody was named for (a dead node's ranks stop beating with
 # it, and its slurmd may not have been declared dead yet).
 _NODE_VIEW_SIGNALS = frozenset({Incident.Signal.NODE_FAILURE, Incident.Signal.HANG})
+# Endings that are no evidence against any node: a preemption (the scheduler's choice) and
+# the time limit (srun's lines then only say which tasks Slurm stopped).
+NO_NODE_EVIDENCE = frozenset({Incident.Signal.PREEMPTED, Incident.Signal.TIMEOUT})
 _FAULTY_NODE_STATES = {"down", "drain", "drained", "draining", "fail", "failing", "not_responding"}
 
 
@@ -109,17 +112,19 @@ def _suspects(job: Job, signal: str) -> list[tuple[Node, str]]:
         if signal == Incident.Signal.NODE_FAILURE
         else f"job {job.slurm_job_id} stopped making progress"
     )
+    return [(node, f"{what}; {node.name} was {state}") for node, state in _faulty_nodes(job, names)]
+
+
+def _faulty_nodes(job: Job, names: list[str]) -> list[tuple[Node, str]]:
+    """The nodes of ``names`` (of the job's cluster) the inventory shows down, drained,
+    failing or not responding, with that state in words."""
     found = []
     for node in Node.objects.filter(cluster=job.cluster, name__in=names):
         state = (node.state or "").lower()
         flags = {str(flag).lower() for flag in (node.state_flags or [])}
         if state in _FAULTY_NODE_STATES or flags & _FAULTY_NODE_STATES:
             found.append(
-                (
-                    node,
-                    f"{what}; {node.name} was "
-                    f"{node.state}{' (' + ', '.join(sorted(flags)) + ')' if flags else ''}",
-                )
+                (node, f"{node.state}{' (' + ', '.join(sorted(flags)) + ')' if flags else ''}")
             )
     return found
 
@@ -139,6 +144,13 @@ def crashes_open(
             f"{' (' + job.state_reason + ')' if job.state_reason else ''}, exit code "
             f"{job.exit_code}, at step {job.last_step if job.last_step is not None else '—'}"
         )
+        if signal == Incident.Signal.PREEMPTED:
+            detail = (
+                f"Slurm preempted job {job.slurm_job_id} at step "
+                f"{job.last_step if job.last_step is not None else '—'}; it is not requeued "
+                "(Gantry submits with --no-requeue): recovery resumes it, and no node is "
+                "suspected (a preemption is the scheduler's choice, not a fault)"
+            )
         evidence = {
             "state": job.state,
             "exit_code": job.exit_code,
@@ -158,10 +170,43 @@ def crashes_open(
             evidence=evidence,
             outcome=outcome,
             reason=reason,
-            named=crash_suspects(job, (listed or {}).get(job.id)),
+            named=_crash_named(job, signal, (listed or {}).get(job.id)),
         ):
             opened += 1
     return opened
+
+
+def _crash_named(job: Job, signal: str, directory: RunDirectory | None) -> list[tuple[str, str]]:
+    """The nodes a job's end points at: none for a preemption or the time limit; every
+    node of the allocation for a boot failure (Slurm does not say which node failed to
+    launch; those the inventory shows at fault, when it shows any); else the node of the
+    first task srun reported ending badly."""
+    if signal in NO_NODE_EVIDENCE:
+        return []
+    if signal == Incident.Signal.BOOT_FAILURE:
+        return boot_failure_suspects(job)
+    return crash_suspects(job, directory)
+
+
+def boot_failure_suspects(job: Job) -> list[tuple[str, str]]:
+    try:
+        names = expand(job.allocated_nodes) if job.allocated_nodes else []
+    except ValueError:
+        return []
+    faulty = {node.name for node, _ in _faulty_nodes(job, names)}
+    named = [name for name in names if name in faulty] or names
+    why = (
+        f"Slurm ended job {job.slurm_job_id} BOOT_FAIL: its allocation "
+        f"({job.allocated_nodes[:200]}) failed to launch"
+    )
+    return [
+        (
+            name,
+            f"{why}; {name} "
+            + ("was down or failing" if name in faulty else "was in it (Slurm names no node)"),
+        )
+        for name in named
+    ]
 
 
 def divergences_open(*, cluster: Cluster, now: datetime) -> int:
@@ -438,10 +483,13 @@ def _limits_reached(incident: Incident, settings: RecoverySettings) -> str:
         .exclude(pk=incident.pk)
         .select_related("resumed_job")
     )
-    if len(done) >= settings.max_attempts:
+    # A preemption is no failed attempt: it neither uses one up nor is stopped by them
+    # (the GPU-hours its resumes use still count against the budget).
+    attempts = [item for item in done if item.signal != Incident.Signal.PREEMPTED]
+    if incident.signal != Incident.Signal.PREEMPTED and len(attempts) >= settings.max_attempts:
         return (
-            f"{len(done)} recoveries of this run already: the most its policy allows "
-            f"({settings.max_attempts})"
+            f"{len(attempts)} recoveries of this run already: the most its policy allows "
+            f"({settings.max_attempts}); preemptions are not counted"
         )
     if settings.gpu_hours_budget is not None:
         spent = sum(_gpu_hours(item.resumed_job) for item in done if item.resumed_job)

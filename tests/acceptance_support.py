@@ -19,7 +19,7 @@ from acceptance.models import AcceptanceRun, AcceptanceStep
 from acceptance.orchestrate import run_advance
 from factories import ClusterFactory, GpuFactory, NodeFactory, PartitionFactory
 from nodes.models import Cluster, Switch
-from nodes.slurm.errors import RemoteFileNotFound
+from nodes.slurm.errors import RemoteFileNotFound, RemoteFileRefused
 from runs.lifecycle import ACCOUNTING_NONE, SlurmViews
 
 HEALTH_FIXTURES = Path(__file__).resolve().parent / "health" / "fixtures"
@@ -86,8 +86,11 @@ class LoginNode:
     def read_bounded(self, path: str, max_bytes: int) -> bytes:
         self.reads.append(path)
         if path not in self.files:
-            raise RemoteFileNotFound(path)
-        return self.files[path][:max_bytes]
+            raise RemoteFileNotFound(path, path=path)
+        # As the SFTP reader does: a file over the bound is refused, never cut.
+        if len(self.files[path]) > max_bytes:
+            raise RemoteFileRefused(f"{path} is over the {max_bytes} read", path=path)
+        return self.files[path]
 
 
 @pytest.fixture
@@ -148,7 +151,9 @@ def finish_collectives(run: AcceptanceRun, login_node: LoginNode, bandwidth: Ban
     """End every open collectives or isolation step with the busbw ``bandwidth`` gives
     its group, then advance the run; returns how many steps ended."""
     open_steps = list(
-        run.steps.exclude(tier="inventory").filter(state__in=list(AcceptanceStep.ACTIVE_STATES))
+        run.steps.filter(tier__in=["collectives", "isolation"]).filter(
+            state__in=list(AcceptanceStep.ACTIVE_STATES)
+        )
     )
     for step in open_steps:
         doc = collectives_document(step.nodes, bandwidth(tuple(step.nodes)))

@@ -43,6 +43,12 @@ def build_parser() -> argparse.ArgumentParser:
         choices=list(STRATEGIES),
         help="override the config's strategy (e.g. resume an FSDP checkpoint with DDP)",
     )
+    t.add_argument(
+        "--max-seconds",
+        type=float,
+        help="stop at the first logged step after this many seconds of training (every rank "
+        "at the same step), or at the config's step count, whichever comes first",
+    )
     d = sub.add_parser("drill", help="restore drill: verify, load, run K steps, compare")
     d.add_argument("--checkpoint", required=True)
     d.add_argument(
@@ -173,6 +179,9 @@ def _run_distributed(args: argparse.Namespace) -> tuple[int, bool]:
             except cfgmod.ConfigError as exc:
                 _err(f"invalid config: {exc.key}: {exc.why}")
                 return EXIT_INPUT, False
+        if args.max_seconds is not None and not 0 < args.max_seconds < float("inf"):
+            _err("--max-seconds must be a positive number of seconds")
+            return EXIT_INPUT, False
     elif args.steps < 1:
         _err("--steps must be >= 1")
         return EXIT_INPUT, False
@@ -213,6 +222,7 @@ def _run_distributed(args: argparse.Namespace) -> tuple[int, bool]:
                 backend,
                 args.strategy,
                 resume_digest=args.resume_digest,
+                max_seconds=args.max_seconds,
             )
         else:
             from .drill import run

@@ -26,6 +26,10 @@ COLLECTIVES_SCHEMA = "gantry-trainer-collectives/1"
 COLLECTIVE_OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
 COLLECTIVE_DTYPES = ("float32", "bfloat16")
 
+# The exit status of a rank the test-only fault ``TRAINER_FAULT=exit_rank[=R]@STEP`` ends
+# (srun then reports ``Exited with exit code 42`` for its task).
+EXIT_RANK_FAULT = 42
+
 # Keys of a step line in metrics.jsonl (a line without "event").
 METRIC_KEYS = (
     "step",

@@ -19,7 +19,7 @@ from . import dist
 from .config import Config, validate
 from .heartbeat import Heartbeat
 from .metrics import MetricsWriter
-from .schema import ACCEPTANCE_SCHEMA, Event, manifest_digest
+from .schema import ACCEPTANCE_SCHEMA, EXIT_RANK_FAULT, Event, manifest_digest
 from .session import Session
 
 EXIT_OK, EXIT_FAILED, EXIT_INPUT = 0, 1, 2
@@ -179,6 +179,9 @@ class TrainLoop:
     # only in a run that did not resume, as a flipped bit would).
     resumed: bool = False
     reached: int | None = None
+    # ``--max-seconds``: stop at the first logged step past it (None: the step count only).
+    max_seconds: float | None = None
+    stopped_on_time: bool = False
     loss: float = float("nan")
     last_saved: int = 0
     # This rank's forward and step seconds since the last logged step.
@@ -247,6 +250,8 @@ class TrainLoop:
             step = session.step
             if not self.resumed and ck.fault_at("nan_weights", step):
                 poison_weights(session)
+            if not self.resumed:
+                exit_rank_fault(self.env, step)
             blocking = self._maybe_checkpoint(step)
             if len(self.writer.errors) > self.reported_errors:
                 self.report_checkpoint_errors()
@@ -275,7 +280,17 @@ class TrainLoop:
                         "ranks": ranks,
                     }
                 )
+                if self._out_of_time(elapsed):
+                    self.stopped_on_time = True
+                    break
         return time.perf_counter() - t_perf
+
+    def _out_of_time(self, elapsed: float) -> bool:
+        """Collective when ``max_seconds`` is set (every rank calls it at the same logged
+        steps): rank 0's clock decides, so every rank stops after the same step."""
+        if self.max_seconds is None:
+            return False
+        return bool(dist.broadcast_object(elapsed >= self.max_seconds))
 
 
 def poison_weights(session: Session) -> None:
@@ -285,6 +300,35 @@ def poison_weights(session: Session) -> None:
     with torch.no_grad():
         first = next(iter(session.model.parameters()))
         first.view(-1)[0] = float("nan")
+
+
+def exit_rank_fault(env: dist.DistEnv, step: int) -> None:
+    """Test-only fault (``TRAINER_FAULT=exit_rank@STEP``: the last rank;
+    ``exit_rank=R@STEP``: rank R): after that step's update the rank exits at once with
+    ``EXIT_RANK_FAULT`` (no clean-up, as a crashed process would), so srun reports the task
+    and ends the others. The caller fires it only in a run that did not resume: a recovery
+    from a checkpoint goes on past the step instead of crashing again."""
+    spec = os.environ.get("TRAINER_FAULT", "")
+    if not spec.startswith("exit_rank"):
+        return
+    who, _, at = spec.partition("@")
+    if not at.isdigit() or int(at) != step:
+        return
+    if who == "exit_rank":
+        rank = env.world_size - 1
+    elif who.startswith("exit_rank=") and who[len("exit_rank=") :].isdigit():
+        rank = int(who[len("exit_rank=") :])
+    else:
+        return
+    if env.rank == rank:
+        print(
+            f"trainer: TRAINER_FAULT={spec}: rank {rank} exits with {EXIT_RANK_FAULT} at step "
+            f"{step}",
+            file=sys.stderr,
+            flush=True,
+        )
+        sys.stdout.flush()
+        os._exit(EXIT_RANK_FAULT)
 
 
 def _start_events(
@@ -372,6 +416,7 @@ def _finish(loop: TrainLoop, started: float, elapsed: float) -> int:
             "final_checkpoint_wait_s": final_wait,
             "last_checkpoint_step": loop.last_saved if session.cfg.checkpoint_every > 0 else None,
             "checkpoint_errors": not ok_all,
+            "stopped_on_time": loop.stopped_on_time,
         }
     )
     metrics.close()
@@ -392,9 +437,10 @@ def train(
     backend: str | None,
     strategy: str | None = None,
     resume_digest: str | None = None,
+    max_seconds: float | None = None,
 ) -> int:
     """Run training; returns the process exit code. ``strategy`` overrides the config's
-    (e.g. resume an FSDP checkpoint as a DDP run)."""
+    (e.g. resume an FSDP checkpoint as a DDP run); ``max_seconds`` stops it on time."""
     rank = env.rank
     point: ResumePoint | None = None
     if resume is not None:
@@ -458,6 +504,7 @@ def train(
     )
     loop = TrainLoop(session, env, metrics, writer, _manifest_extra(session, device), target)
     loop.resumed = point is not None
+    loop.max_seconds = max_seconds
     return _run_beating(loop, run_dir)
 
 

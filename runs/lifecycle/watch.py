@@ -36,8 +36,12 @@ def record_from_exit(
     code = exit_record.get("exit_code")
     exit_code = int(code) if isinstance(code, int) else None
     signal = exit_record.get("signal")
+    # Whose word the state is: squeue's own final state (CANCELLED, PREEMPTED, TIMEOUT are
+    # Slurm's, never refined), or what the exit record lets Gantry infer.
+    source = "exit-record"
     if queued is not None and is_final_phase(queued.state):
         state = queued.state
+        source = "squeue+exit-record"
     elif signal:
         state = "CANCELLED"  # refined by the caller: a signal without a cancel is a timeout
     else:
@@ -50,7 +54,7 @@ def record_from_exit(
         start_time=queued.start_time if queued else None,
         end_time=queued.end_time if queued else None,
         node_list_expr=queued.node_list_expr if queued else "",
-        source="exit-record",
+        source=source,
     )
 
 
@@ -216,7 +220,8 @@ class Watching(Submission[Tracked]):
         return 0
 
     def _refine(self, obj: Tracked, record: SlurmJob) -> SlurmJob:
-        """A job stopped by a signal with nobody asking to cancel it ran out of time."""
+        """A job stopped by a signal with nobody asking to cancel it ran out of time (only
+        where the state is inferred: squeue's CANCELLED is someone's scancel, kept)."""
         if record.source == "exit-record" and record.state == "CANCELLED":
             if not self.cancel_was_requested(obj):
                 record = dataclasses.replace(record, state="TIMEOUT")

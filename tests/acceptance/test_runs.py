@@ -174,18 +174,6 @@ def test_a_later_certificate_shows_regressions_against_the_previous_one(
     ]
 
 
-def test_sustained_and_recovery_are_honestly_inconclusive(
-    operator: Any, cluster: Cluster, login_node: LoginNode
-) -> None:
-    run = drive(
-        _start(operator, cluster, tiers=["collectives", "sustained", "recovery"]),
-        login_node,
-        healthy,
-    )
-    assert run.outcomes["sustained"]["verdict"] == "inconclusive"
-    assert run.verdict == "inconclusive"
-
-
 def test_cancel_is_audited_and_ends_the_run(
     operator: Any, cluster: Cluster, login_node: LoginNode
 ) -> None:

@@ -435,3 +435,14 @@ def test_incidents_and_suspect_nodes_are_exported(client: Client) -> None:
         == 1
     )
     assert value(found, "gantry_suspect_nodes", cluster="north") == 1
+    assert value(found, "gantry_sdc_suspect_nodes", cluster="north") == 0
+    # A node suspected of silent data corruption by a pair of drills counts in both.
+    drill = RestoreDrill.objects.create(
+        checkpoint=CheckpointFactory(job=job), cluster=cluster, allocation_key="x"
+    )
+    SuspectNode.objects.create(
+        node=NodeFactory(cluster=cluster), kind="sdc", drill=drill, evidence="silent"
+    )
+    found = samples(scrape(client))
+    assert value(found, "gantry_suspect_nodes", cluster="north") == 2
+    assert value(found, "gantry_sdc_suspect_nodes", cluster="north") == 1

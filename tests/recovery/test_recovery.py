@@ -276,6 +276,22 @@ def test_two_attempts_from_the_same_step_on_the_same_nodes_stop(
     assert second.outcome == Incident.Outcome.HELD and "no progress" in second.reason
 
 
+def test_the_resume_keeps_what_the_job_already_left_out(cluster: Cluster, researcher: Any) -> None:
+    # The researcher left gpu-b-04 out themselves; recovery adds its suspect to that,
+    # never replaces it.
+    Node.objects.filter(cluster=cluster, name="gpu-b-02").update(state=Node.State.DOWN)
+    job = _failed_job(cluster, researcher, state="node_fail", exclude_nodes="gpu-b-04")
+    _checkpoint(job, 600, proven=True)
+    _cycle(cluster)
+    incident = Incident.objects.get(job=job)
+    resumed = incident.resumed_job
+    assert resumed is not None, incident.reason
+    assert resumed.exclude_nodes == "gpu-b-02,gpu-b-04"
+    assert "#SBATCH --exclude=gpu-b-02,gpu-b-04" in job_script(resumed)
+    # What recovery itself left out, and why, is the suspect alone.
+    assert incident.excluded_nodes == ["gpu-b-02"]
+
+
 def test_a_node_failure_names_the_failed_node_and_the_resume_excludes_it(
     cluster: Cluster, researcher: Any
 ) -> None:
