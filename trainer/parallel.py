@@ -55,6 +55,21 @@ def shard_model(model: TinyGPT, cfg: Config, env: DistEnv, device: torch.device)
     return mesh
 
 
+def fixed_buckets(cfg: Config, device: torch.device) -> bool:
+    """Whether DDP keeps its gradient buckets as built (parameter order) for the whole run.
+
+    By default DDP rebuilds its buckets once, after the first step, in the order gradients
+    became ready. A ring all-reduce over three or more ranks sums each element in an order
+    set by its position in the bucket, so a run resumed from a checkpoint (whose first
+    step is again "the first") sums some gradients in another order than the run that
+    saved it: losses one ulp apart a few steps later, and a drill's bit-for-bit comparison
+    fails for nothing (two ranks never show it: a + b == b + a). DDP never rebuilds with
+    ``find_unused_parameters`` (a graph walk per step, small next to the step), so every
+    run of the same world size sums in the same order. Where runs compare bit for bit: on
+    CPUs always, on GPUs when deterministic."""
+    return device.type == "cpu" or cfg.deterministic
+
+
 def wrap(model: TinyGPT, cfg: Config, env: DistEnv, device: torch.device) -> nn.Module:
     """The module the training step calls: the model (FSDP, sharded in place), DDP around
     it, or the bare model (one DDP rank)."""
@@ -62,7 +77,11 @@ def wrap(model: TinyGPT, cfg: Config, env: DistEnv, device: torch.device) -> nn.
         shard_model(model, cfg, env, device)
         return model
     if env.distributed:
-        return DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+        return DDP(
+            model,
+            device_ids=[device.index] if device.type == "cuda" else None,
+            find_unused_parameters=fixed_buckets(cfg, device),
+        )
     return model
 
 
