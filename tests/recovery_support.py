@@ -8,6 +8,7 @@ import contextlib
 import json
 import os
 import signal
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -200,3 +201,40 @@ def cpu_quota(percent: int, name: str) -> Iterator[Callable[[int], None]]:
                 break
             except OSError:
                 time.sleep(0.2)
+
+
+def collective_ranks_on(node: str) -> list[int]:
+    """Pids of ``python -m trainer collectives`` ranks that Slurm started on ``node``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            args = (entry / "cmdline").read_bytes().split(b"\0")
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"collectives" in args and f"SLURMD_NODENAME={node}".encode() in environ:
+            found.append(int(entry.name))
+    return found
+
+
+@contextlib.contextmanager
+def slowed_collectives(node: str, percent: int) -> Iterator[None]:
+    """Every collective rank that starts on ``node`` goes into a cgroup with a CPU quota."""
+    with cpu_quota(percent, "accept") as slow_down:
+        stop = threading.Event()
+
+        def keep_moving() -> None:
+            while not stop.is_set():
+                for pid in collective_ranks_on(node):
+                    slow_down(pid)
+                time.sleep(0.05)
+
+        mover = threading.Thread(target=keep_moving, daemon=True)
+        mover.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            mover.join(timeout=5)

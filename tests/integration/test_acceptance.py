@@ -6,15 +6,10 @@ the code under test reads), the collectives tier convicts that node and no other
 
 from __future__ import annotations
 
-import contextlib
-import threading
-import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-from recovery_support import CGROUP_CPU, cpu_quota
+from recovery_support import CGROUP_CPU, slowed_collectives
 from rest_framework.test import APIClient
 
 from acceptance.models import AcceptanceRun, BusbwThreshold, Certificate
@@ -92,42 +87,6 @@ def test_a_run_over_two_nodes_issues_its_certificate(
     assert all(c["measured_busbw"] and c["measured_busbw"] > 1.0 for c in document["criteria"])
 
 
-def _collective_ranks_on(node: str) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            args = (entry / "cmdline").read_bytes().split(b"\0")
-            environ = (entry / "environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"collectives" in args and f"SLURMD_NODENAME={node}".encode() in environ:
-            found.append(int(entry.name))
-    return found
-
-
-@contextlib.contextmanager
-def _slowed(node: str, percent: int) -> Iterator[None]:
-    """Every collective rank that starts on ``node`` goes into a cgroup with a CPU quota."""
-    with cpu_quota(percent, "accept") as slow_down:
-        stop = threading.Event()
-
-        def keep_moving() -> None:
-            while not stop.is_set():
-                for pid in _collective_ranks_on(node):
-                    slow_down(pid)
-                time.sleep(0.05)
-
-        mover = threading.Thread(target=keep_moving, daemon=True)
-        mover.start()
-        try:
-            yield
-        finally:
-            stop.set()
-            mover.join(timeout=5)
-
-
 @pytest.mark.skipif(not (CGROUP_CPU / "cpu.cfs_quota_us").exists(), reason="no cgroup v1 cpu")
 def test_a_slowed_node_is_convicted_and_no_other(
     dev_cluster_registered: Cluster, celery_stack: Any, operator_api: APIClient
@@ -142,7 +101,7 @@ def test_a_slowed_node_is_convicted_and_no_other(
     assert len(node_level) == 2, baseline.outcomes
     # Half the slower healthy node: a node at a 10% CPU quota falls far below it.
     _thresholds(dev_cluster_registered, 0.5 * min(node_level))
-    with _slowed("n2", percent=10):
+    with slowed_collectives("n2", percent=10):
         run = _ended(_start(operator_api, dev_cluster_registered, ["collectives"]), worker)
     assert run.verdict == "failed", run.reason
     assert run.convicted == ["n2"], (run.convicted, run.reason)

@@ -1,0 +1,92 @@
+"""Acceptance against a genuinely slow node on the dev cluster (issue 26): convictions of the
+slowed node (right, wrong, missed) and false convictions with nothing slowed, over N trials,
+with the wall time and Slurm jobs per run.
+
+The trials are ``tests/faults/test_acceptance_faults.py`` (one node's collective ranks held
+to a 10% cgroup CPU quota; the threshold half the slower healthy node, measured in the same
+trial); each run appends to ``test-artifacts/acceptance-trials.jsonl``. This script runs
+them ``--trials`` times on ``--partition`` and prints the table; ``--summarize`` only
+prints the table of what the file holds.
+
+    .venv/bin/python bench/acceptance_bench.py --trials 10 --partition gpu   # ~1 h
+    .venv/bin/python bench/acceptance_bench.py --summarize
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+TRIALS = REPO / "test-artifacts" / "acceptance-trials.jsonl"
+
+
+def summarize(records: list[dict[str, Any]]) -> str:
+    lines = [
+        "| runs | trials | convicted the slowed node alone | wrong or extra node convicted | "
+        "missed | false convictions | wall time median (max) | Slurm jobs per run |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for kind in ("slowed", "healthy"):
+        rows = [r for r in records if r.get("kind") == kind]
+        if not rows:
+            continue
+        walls = [float(r["wall_s"]) for r in rows]
+        jobs = sorted({int(r["jobs"]) for r in rows})
+        if kind == "slowed":
+            right = sum(r["convicted"] == r["expected"] for r in rows)
+            wrong = sum(bool(set(r["convicted"]) - set(r["expected"])) for r in rows)
+            missed = sum(not set(r["expected"]) <= set(r["convicted"]) for r in rows)
+            cells = [f"{right}/{len(rows)}", str(wrong), str(missed), "—"]
+        else:
+            false = sum(bool(r["convicted"]) for r in rows)
+            cells = ["—", "—", "—", f"{false}/{len(rows)}"]
+        partitions = ", ".join(sorted({r.get("partition", "?") for r in rows}))
+        lines.append(
+            f"| {kind} ({partitions}) | {len(rows)} | "
+            + " | ".join(cells)
+            + f" | {statistics.median(walls):.0f} s ({max(walls):.0f} s) | "
+            f"{', '.join(map(str, jobs))} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trials", type=int, default=1)
+    parser.add_argument("--partition", default="batch")
+    parser.add_argument("--summarize", action="store_true")
+    parser.add_argument("--fresh", action="store_true", help="start a new trials file")
+    args = parser.parse_args()
+    if not args.summarize:
+        if args.fresh and TRIALS.exists():
+            TRIALS.unlink()
+        env = {
+            **os.environ,
+            "GANTRY_ACCEPTANCE_TRIALS": str(args.trials),
+            "GANTRY_ACCEPTANCE_PARTITION": args.partition,
+            "GANTRY_FAULTS_FULL": "1",
+        }
+        done = subprocess.run(
+            [str(REPO / "scripts" / "test"), "-q", "tests/faults/test_acceptance_faults.py"],
+            env=env,
+            check=False,
+        )
+        if done.returncode != 0:
+            print(f"the trials failed (exit {done.returncode}); figures below are partial")
+    if not TRIALS.exists():
+        print(f"no trials recorded yet ({TRIALS})")
+        return 1
+    records = [json.loads(line) for line in TRIALS.read_text().splitlines() if line.strip()]
+    print(summarize(records))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
