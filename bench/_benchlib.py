@@ -7,6 +7,7 @@ Databases: SQLite files under ``var/bench/`` or PostgreSQL databases named
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import socket
@@ -498,3 +499,34 @@ def _insert_points(job_id: Any, points_per_job: int) -> None:
         ),
         batch_size=5000,
     )
+
+
+# ---------------------------------------------------------------- fault trials
+
+
+def fault_trials(
+    test_path: str,
+    trials_file: Path,
+    summarize: Callable[[list[dict[str, Any]]], str],
+    *,
+    env: dict[str, str] | None,
+    fresh: bool,
+) -> int:
+    """Run the fault test ``test_path`` on the dev cluster (``scripts/test``) with ``env``
+    (None: only print), then print ``summarize`` of every trial ``trials_file`` holds."""
+    if env is not None:
+        if fresh and trials_file.exists():
+            trials_file.unlink()
+        done = subprocess.run(
+            [str(REPO / "scripts" / "test"), "-q", test_path],
+            env={**os.environ, "GANTRY_FAULTS_FULL": "1", **env},
+            check=False,
+        )
+        if done.returncode != 0:
+            print(f"the fault tests failed (exit {done.returncode}); figures below are partial")
+    if not trials_file.exists():
+        print(f"no trials recorded yet ({trials_file})")
+        return 1
+    records = [json.loads(line) for line in trials_file.read_text().splitlines() if line.strip()]
+    print(summarize(records))
+    return 0

@@ -15,13 +15,12 @@ prints the table of what the file holds.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+
+import _benchlib as lib
 
 REPO = Path(__file__).resolve().parent.parent
 TRIALS = REPO / "test-artifacts" / "acceptance-trials.jsonl"
@@ -64,28 +63,17 @@ def main() -> int:
     parser.add_argument("--summarize", action="store_true")
     parser.add_argument("--fresh", action="store_true", help="start a new trials file")
     args = parser.parse_args()
-    if not args.summarize:
-        if args.fresh and TRIALS.exists():
-            TRIALS.unlink()
-        env = {
-            **os.environ,
+    env = (
+        None
+        if args.summarize
+        else {
             "GANTRY_ACCEPTANCE_TRIALS": str(args.trials),
             "GANTRY_ACCEPTANCE_PARTITION": args.partition,
-            "GANTRY_FAULTS_FULL": "1",
         }
-        done = subprocess.run(
-            [str(REPO / "scripts" / "test"), "-q", "tests/faults/test_acceptance_faults.py"],
-            env=env,
-            check=False,
-        )
-        if done.returncode != 0:
-            print(f"the trials failed (exit {done.returncode}); figures below are partial")
-    if not TRIALS.exists():
-        print(f"no trials recorded yet ({TRIALS})")
-        return 1
-    records = [json.loads(line) for line in TRIALS.read_text().splitlines() if line.strip()]
-    print(summarize(records))
-    return 0
+    )
+    return lib.fault_trials(
+        "tests/faults/test_acceptance_faults.py", TRIALS, summarize, env=env, fresh=args.fresh
+    )
 
 
 if __name__ == "__main__":

@@ -17,13 +17,12 @@ then prints the table; ``--summarize`` only prints the table of what the file ho
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+
+import _benchlib as lib
 
 REPO = Path(__file__).resolve().parent.parent
 TRIALS = REPO / "test-artifacts" / "recovery-trials.jsonl"
@@ -86,28 +85,17 @@ def main() -> int:
     parser.add_argument("--summarize", action="store_true")
     parser.add_argument("--fresh", action="store_true", help="start a new trials file")
     args = parser.parse_args()
-    if not args.summarize:
-        if args.fresh and TRIALS.exists():
-            TRIALS.unlink()
-        env = {
-            **os.environ,
+    env = (
+        None
+        if args.summarize
+        else {
             "GANTRY_RECOVERY_TRIALS": str(args.trials),
             "GANTRY_RECOVERY_HEALTHY_JOBS": str(args.healthy),
-            "GANTRY_FAULTS_FULL": "1",
         }
-        done = subprocess.run(
-            [str(REPO / "scripts" / "test"), "-q", "tests/faults/test_recovery_faults.py"],
-            env=env,
-            check=False,
-        )
-        if done.returncode != 0:
-            print(f"the fault tests failed (exit {done.returncode}); figures below are partial")
-    if not TRIALS.exists():
-        print(f"no trials recorded yet ({TRIALS})")
-        return 1
-    records = [json.loads(line) for line in TRIALS.read_text().splitlines() if line.strip()]
-    print(summarize(records))
-    return 0
+    )
+    return lib.fault_trials(
+        "tests/faults/test_recovery_faults.py", TRIALS, summarize, env=env, fresh=args.fresh
+    )
 
 
 if __name__ == "__main__":

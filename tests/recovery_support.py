@@ -115,8 +115,9 @@ def trial_record(kind: str, incident: Any, **extra: Any) -> dict[str, Any]:
     """One recovery trial's figures, appended to test-artifacts/recovery-trials.jsonl (read
     by bench/recovery_bench.py): time to detect against the budget, and where the time
     from detection to the resumed run's first step went: Gantry's own part (detected →
-    cancel sent, and the later of cancelled / proving drill finished → resume submitted)
-    against the rest (Slurm ending the job, the proving drill, the queue, start-up)."""
+    cancel sent, the later of cancelled / proving drill finished → resume recorded, and
+    each submission: record → sbatch answered) against the rest (Slurm ending the job, the
+    proving drill running, the queue, start-up)."""
     from drills.models import RestoreDrill
     from jobs.models import MetricPoint
 
@@ -155,9 +156,19 @@ def trial_record(kind: str, incident: Any, **extra: Any) -> dict[str, Any]:
         if drill is not None and drill.finished_at and drill.finished_at > ready:
             ready = drill.finished_at
         gantry += max(0.0, (incident.resumed_at - ready).total_seconds())
+        # Submitting is Gantry's too: the Celery task, the SSH command and sbatch, from the
+        # resumed job's record to Slurm's answer (and the same for the proving drill).
+        submits = [(resumed.created_at, resumed.submitted_at)]
+        if drill is not None:
+            submits.append((drill.created_at, drill.submitted_at))
+        submit = sum(
+            max(0.0, (answered - made).total_seconds()) for made, answered in submits if answered
+        )
+        gantry += submit
         total = (first - detected).total_seconds()
         record.update(
             gantry_s=round(gantry, 3),
+            gantry_submit_s=round(submit, 3),
             detect_to_first_step_s=round(total, 3),
             gantry_share=round(gantry / total, 4) if total > 0 else None,
         )

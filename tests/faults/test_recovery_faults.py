@@ -108,6 +108,32 @@ def _resumed_runs_past(incident: Incident, step: int, timeout: float = 240) -> J
     return Job.objects.get(id=resumed.id)
 
 
+def _two_ranks_past_80(api: APIClient, request: Any, name: str) -> tuple[Job, int, str]:
+    """A one-node job of two ranks running past its checkpoint of step 80 (the dev
+    cluster's partitions have two nodes each: the resume can leave the suspect node out
+    only for a one-node job); returns it with its last rank's pid and that rank's node."""
+    job = submit(api, name=name, nodes=1, steps=6000, every=40, tasks_per_node=2, gpus_per_node=2)
+    request.addfinalizer(lambda: cancel_lineage(api, job))
+    _running_past(job, 80)
+    pids = rank_pids(run_dir_of(job))
+    assert len(pids) == 2, pids
+    last = max(pids, key=rank_of)
+    return job, last, node_of(last)
+
+
+def _recovered_without(incident: Incident, job: Job, node: str, signal_kind: str) -> Job:
+    """The incident named ``node`` alone and recovered from a proven checkpoint onto
+    other nodes; returns the resumed job once it runs past the failed one."""
+    assert incident.signal == signal_kind, incident.detail
+    assert incident.outcome == Incident.Outcome.RECOVERED, incident.reason
+    assert incident.suspect_nodes == [node], (incident.suspect_nodes, incident.detail)
+    assert node in (incident.excluded_nodes or [])
+    resumed = _resumed_runs_past(incident, (job.last_step or 0) + 20)
+    assert node not in (resumed.allocated_nodes or ""), resumed.allocated_nodes
+    assert resumed.resume_from is not None and resumed.resume_from.last_proven_at is not None
+    return resumed
+
+
 def _record(report: FaultReport, fault: str, ok: bool, notes: str) -> None:
     row = report.row(fault)
     row.trials, row.faults_injected, row.wrong = 1, 1, 0 if ok else 1
@@ -123,38 +149,16 @@ def test_a_stopped_rank_is_a_hang_named_and_left_out(
     fault_report: FaultReport,
     request: Any,
 ) -> None:
-    # Two ranks on one node: the partitions of the dev cluster have two nodes each, so the
-    # resume can leave the suspect node out only for a one-node job.
-    job = submit(
-        researcher_api,
-        name="hang-sigstop",
-        nodes=1,
-        steps=6000,
-        every=40,
-        tasks_per_node=2,
-        gpus_per_node=2,
-    )
-    request.addfinalizer(lambda: cancel_lineage(researcher_api, job))
-    _running_past(job, 80)
-    pids = rank_pids(run_dir_of(job))
-    assert len(pids) == 2, pids
-    stopped = max(pids, key=rank_of)
-    node = node_of(stopped)
+    job, stopped, node = _two_ranks_past_80(researcher_api, request, "hang-sigstop")
     os.kill(stopped, signal.SIGSTOP)
     request.addfinalizer(lambda: resume([stopped]))
     started = time.monotonic()
 
     incident = _settled(job, celery_stack["worker"])
     detected = time.monotonic() - started
-    assert incident.signal == Incident.Signal.HANG, incident.detail
-    assert incident.outcome == Incident.Outcome.RECOVERED, incident.reason
     # The stopped rank's heartbeat went stale while its peer's kept being rewritten.
-    assert incident.suspect_nodes == [node], (incident.suspect_nodes, incident.detail)
-    assert node in (incident.excluded_nodes or [])
+    _recovered_without(incident, job, node, Incident.Signal.HANG)
     budget = float(incident.evidence["budget_s"])
-    resumed = _resumed_runs_past(incident, (job.last_step or 0) + 20)
-    assert node not in (resumed.allocated_nodes or ""), resumed.allocated_nodes
-    assert resumed.resume_from is not None and resumed.resume_from.last_proven_at is not None
     trial_record("hang (SIGSTOP)", incident, expected=[node])
     _record(
         fault_report,
@@ -176,33 +180,14 @@ def test_a_killed_rank_is_a_crash_named_and_left_out(
 ) -> None:
     # SIGKILL to one rank's trainer process: srun reports the task's node, Slurm ends the
     # job failed, and the resume (one node, so the other node of the partition) leaves it out.
-    job = submit(
-        researcher_api,
-        name="crash-sigkill",
-        nodes=1,
-        steps=6000,
-        every=40,
-        tasks_per_node=2,
-        gpus_per_node=2,
-    )
-    request.addfinalizer(lambda: cancel_lineage(researcher_api, job))
-    _running_past(job, 80)
-    pids = rank_pids(run_dir_of(job))
-    assert len(pids) == 2, pids
-    killed = max(pids, key=rank_of)
-    node = node_of(killed)
+    job, killed, node = _two_ranks_past_80(researcher_api, request, "crash-sigkill")
     os.kill(killed, signal.SIGKILL)
 
     incident = _settled(job, celery_stack["worker"])
     job.refresh_from_db()
-    assert incident.signal == Incident.Signal.CRASH, incident.detail
-    assert incident.outcome == Incident.Outcome.RECOVERED, incident.reason
-    assert incident.suspect_nodes == [node], (incident.suspect_nodes, incident.detail)
-    assert node in (incident.excluded_nodes or [])
+    _recovered_without(incident, job, node, Incident.Signal.CRASH)
     checkpoint = incident.resumed_from
-    assert checkpoint is not None and checkpoint.last_proven_at is not None
-    resumed = _resumed_runs_past(incident, (job.last_step or 0) + 20)
-    assert node not in (resumed.allocated_nodes or ""), resumed.allocated_nodes
+    assert checkpoint is not None
     trial_record(
         "crash (rank SIGKILL)",
         incident,
