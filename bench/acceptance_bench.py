@@ -29,8 +29,9 @@ TRIALS = REPO / "test-artifacts" / "acceptance-trials.jsonl"
 def summarize(records: list[dict[str, Any]]) -> str:
     lines = [
         "| runs | trials | convicted the slowed node alone | wrong or extra node convicted | "
-        "missed | false convictions | wall time median (max) | Slurm jobs per run |",
-        "|---|---|---|---|---|---|---|---|",
+        "missed | false convictions | not passed (healthy) | wall time median (max) | "
+        "Slurm jobs per run | runs again (cluster unreachable) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for kind in ("slowed", "healthy"):
         rows = [r for r in records if r.get("kind") == kind]
@@ -42,16 +43,17 @@ def summarize(records: list[dict[str, Any]]) -> str:
             right = sum(r["convicted"] == r["expected"] for r in rows)
             wrong = sum(bool(set(r["convicted"]) - set(r["expected"])) for r in rows)
             missed = sum(not set(r["expected"]) <= set(r["convicted"]) for r in rows)
-            cells = [f"{right}/{len(rows)}", str(wrong), str(missed), "—"]
+            cells = [f"{right}/{len(rows)}", str(wrong), str(missed), "—", "—"]
         else:
             false = sum(bool(r["convicted"]) for r in rows)
-            cells = ["—", "—", "—", f"{false}/{len(rows)}"]
+            failed = sum(r["verdict"] != "passed" for r in rows)
+            cells = ["—", "—", "—", f"{false}/{len(rows)}", f"{failed}/{len(rows)}"]
         partitions = ", ".join(sorted({r.get("partition", "?") for r in rows}))
         lines.append(
             f"| {kind} ({partitions}) | {len(rows)} | "
             + " | ".join(cells)
             + f" | {statistics.median(walls):.0f} s ({max(walls):.0f} s) | "
-            f"{', '.join(map(str, jobs))} |"
+            f"{', '.join(map(str, jobs))} | {sum(int(r.get('retried', 0)) for r in rows)} |"
         )
     return "\n".join(lines)
 
