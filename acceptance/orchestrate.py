@@ -215,7 +215,12 @@ def _tier_done(
     convicted: Sequence[str] = (),
 ) -> int:
     outcomes = dict(run.outcomes or {})
-    outcomes[tier] = {"verdict": verdict, "reason": reason[:4000], **(extra or {})}
+    outcomes[tier] = {
+        "verdict": verdict,
+        "reason": reason[:4000],
+        **(extra or {}),
+        **_tier_time(run, outcomes, now),
+    }
     run.outcomes = outcomes
     run.convicted = sorted(set(run.convicted or []) | set(convicted))
     run.save(update_fields=["outcomes", "convicted"])
@@ -226,6 +231,19 @@ def _tier_done(
     if tier == Tier.ISOLATION or verdict == Verdict.FAILED:
         return _finish(run, now)
     return _start_tier(run, _next_tier(run, tier), now)
+
+
+def _tier_time(run: AcceptanceRun, outcomes: dict[str, Any], now: datetime) -> dict[str, Any]:
+    """When the tier ended and how long it took: tiers run one after another, so it began
+    when the one before it ended (the run's start for the first)."""
+    began = run.started_at or now
+    for outcome in outcomes.values():
+        try:
+            ended = datetime.fromisoformat(str(outcome.get("ended_at")))
+        except ValueError:
+            continue
+        began = max(began, ended)
+    return {"ended_at": now.isoformat(), "seconds": round((now - began).total_seconds(), 1)}
 
 
 def _start_tier_isolation(run: AcceptanceRun, now: datetime) -> int:

@@ -132,6 +132,7 @@ def run_view(*, run: AcceptanceRun) -> RunView:
                     "label": tier.label,
                     "verdict": outcome.get("verdict", ""),
                     "reason": outcome.get("reason", ""),
+                    "seconds": outcome.get("seconds"),
                     "current": tier.value == run.current_tier,
                     "steps": sum(1 for s in steps if s.tier == tier.value),
                 }

@@ -83,6 +83,10 @@ def test_a_passing_run_certifies_its_nodes_with_the_inventory_configuration(
     assert set(run.steps.filter(tier="collectives").values_list("level", flat=True)) == {"node"}
     run = drive(run, login_node, healthy)
     assert (run.verdict, run.convicted) == ("passed", [])
+    # Each tier's time, one after the other: together no more than the whole run.
+    times = [run.outcomes[tier]["seconds"] for tier in ("inventory", "collectives")]
+    assert all(t >= 0 for t in times)
+    assert sum(times) <= (run.ended_at - run.started_at).total_seconds() + 0.1
     levels = list(run.steps.filter(tier="collectives").values_list("level", "nodes"))
     assert ("leaf", ["n1", "n2"]) in levels and ("leaf", ["n3", "n4"]) in levels
     assert ("spine", ["n1", "n2", "n3", "n4"]) in levels
