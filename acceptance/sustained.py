@@ -39,7 +39,7 @@ from django.db import IntegrityError, transaction
 
 import trainer
 from acceptance.models import TIER_ORDER, AcceptanceRun, AcceptanceStep, Tier, Verdict
-from acceptance.sustained_judge import RECORD_FRACTION, Expected, Reference
+from acceptance.sustained_judge import RECORD_FRACTION, Expected, Reference, peak_flops_per_gpu
 from acceptance.thresholds import OPERATOR, RECORD
 from acceptance.tiers import SetNode, step_key
 from controlplane.tasknames import ACCEPTANCE_STEP_SUBMIT, task_send
@@ -288,6 +288,12 @@ def expected_of(step: AcceptanceStep) -> Expected:
         tokens_per_step=per_rank * world * int(config.get("seq_len") or 0),
         samples_per_step=per_rank * world,
         seconds=float(configuration.get("seconds") or 0),
+        peak_flops_per_rank=peak_flops_per_gpu(
+            [str(t) for t in configuration.get("gpu_types") or []],
+            str(configuration.get("precision", "")),
+        )
+        if configuration.get("device") == "cuda"
+        else None,
     )
 
 

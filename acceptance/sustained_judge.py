@@ -14,8 +14,10 @@ Three figures, each with its threshold and verdict:
   window counts whether it was logged or not. Judged against the threshold fixed when the
   step was made (an operator's, or ``RECORD_FRACTION`` x the partition's record for the same
   configuration key); none: inconclusive.
-- MFU: the trainer reports its model FLOPs per token but not the peak FLOP/s of the device,
-  so the achieved model FLOP/s are recorded and MFU is "not measured" (never a guessed peak).
+- MFU: the trainer reports its model FLOPs per token; the achieved model FLOP/s over the
+  peak of the set's GPUs (``PEAK_FLOPS``: the vendor's dense figure for the precision) is
+  the MFU. On CPUs, GPU types not in the table, or a set of mixed types, MFU is "not
+  measured" (never a guessed peak); the achieved FLOP/s are recorded anyway.
 - loss: any non-finite loss fails. Otherwise the logged losses are compared, step by step,
   with the reference run of the same configuration key (the steps both logged): on CPU the
   trainer is deterministic (fixed gloo reduction order, deterministic kernels, the same
@@ -65,6 +67,38 @@ class Expected:
     tokens_per_step: int
     samples_per_step: int
     seconds: float
+    # One rank's peak FLOP/s (``peak_flops_per_gpu``; one rank per GPU); None: no MFU.
+    peak_flops_per_rank: float | None = None
+
+
+# Dense (no sparsity) peak FLOP/s per GPU from NVIDIA's datasheets, per precision the trainer
+# runs (bf16 on tensor cores; fp32 is plain FP32, as torch's matmuls run without TF32).
+# Keys match the GPU type squashed to lowercase letters and digits; the first match wins,
+# so the more particular parts come first. A part not here has no MFU.
+PEAK_FLOPS: tuple[tuple[str, dict[str, float]], ...] = (
+    ("h100pcie", {"bf16": 756e12, "fp32": 51e12}),
+    ("h100nvl", {}),
+    ("h200nvl", {}),
+    ("gh200", {"bf16": 989e12, "fp32": 67e12}),
+    ("h100", {"bf16": 989e12, "fp32": 67e12}),
+    ("h200", {"bf16": 989e12, "fp32": 67e12}),
+    ("a100", {"bf16": 312e12, "fp32": 19.5e12}),
+)
+
+
+def peak_flops_per_gpu(gpu_types: tuple[str, ...] | list[str], precision: str) -> float | None:
+    """The peak of one GPU of the set at ``precision``; None unless every GPU type of the
+    set is the same part with a figure in ``PEAK_FLOPS``."""
+    peaks = set()
+    for gpu_type in gpu_types:
+        squashed = "".join(ch for ch in str(gpu_type).lower() if ch.isalnum())
+        squashed = squashed.removeprefix("nvidia").removeprefix("tesla")
+        found = next((p for key, p in PEAK_FLOPS if squashed.startswith(key)), None)
+        peaks.add((found or {}).get(precision))
+    if len(peaks) != 1:
+        return None
+    (peak,) = peaks
+    return peak
 
 
 @dataclass(frozen=True)
@@ -292,16 +326,24 @@ def _loss_part(metrics: Metrics) -> tuple[dict[int, float], int | None]:
     return losses, min(nonfinite) if nonfinite else None
 
 
-def _flops(doc: Any, tokens_per_s: float | None, world: int) -> dict[str, Any]:
+def _flops(doc: Any, tokens_per_s: float | None, world: int, peak: float | None) -> dict[str, Any]:
     per_token = _finite(doc.get("flops_per_token")) if isinstance(doc, Mapping) else None
     achieved = tokens_per_s * per_token if tokens_per_s and per_token and per_token > 0 else None
+    per_rank = achieved / world if achieved and world else None
+    if per_rank is None:
+        mfu, note = None, "not measured: no model FLOPs per token or no throughput"
+    elif not peak:
+        mfu, note = None, "not measured: no peak FLOP/s on record for these GPUs (or on CPUs)"
+    else:
+        mfu = round(per_rank / peak, 6)
+        note = f"model FLOP/s per GPU over a peak of {peak / 1e12:g} TFLOP/s"
     return {
         "flops_per_token": per_token,
         "model_flops_per_s": achieved,
-        "model_flops_per_s_per_rank": achieved / world if achieved and world else None,
-        "mfu": None,
-        "mfu_note": "not measured: the trainer reports its model FLOPs per token but not the "
-        "peak FLOP/s of the device",
+        "model_flops_per_s_per_rank": per_rank,
+        "peak_flops_per_rank": peak,
+        "mfu": mfu,
+        "mfu_note": note,
     }
 
 
@@ -353,7 +395,9 @@ def judge_sustained(
             "threshold": threshold,
             "detail": threshold_detail,
         },
-        **_flops(acceptance_doc, speed.tokens_per_s, expected.world_size),
+        **_flops(
+            acceptance_doc, speed.tokens_per_s, expected.world_size, expected.peak_flops_per_rank
+        ),
         "loss": {k: v for k, v in loss.items() if k != "unjudged"},
         "losses": {str(s): losses[s] for s in sorted(losses)},
         "losses_digest": losses_digest(losses) if losses else "",

@@ -376,7 +376,7 @@ def test_the_run_page_and_the_api_show_the_sustained_figures(
     html = client.get(f"/acceptance/{run.id}/").content.decode()
     section = html.split('id="acceptance-sustained"')[1].split("</dl>")[0]
     assert "50000 tokens/s" in section and "fp32" in section
-    assert "not measured: the trainer reports" in section
+    assert "not measured: no peak FLOP/s on record" in section
     assert "no reference run of this configuration" in section
     assert 'id="sustained-loss-chart"' in html and "<polyline" in html
     detail = operator_api.get(f"/api/v1/acceptance/runs/{run.id}/").json()
@@ -388,3 +388,24 @@ def test_the_run_page_and_the_api_show_the_sustained_figures(
         {"cluster": cluster.pk, "scope": "nodes", "value": "n[1-2]", "sustained_minutes": "x"},
     )
     assert refused.status_code == 400 and "sustained_minutes" in refused.content.decode()
+
+
+def test_mfu_is_over_the_datasheet_peak_of_one_known_part_only() -> None:
+    from acceptance.sustained_judge import _flops, peak_flops_per_gpu
+
+    assert peak_flops_per_gpu(["NVIDIA H200"], "bf16") == 989e12
+    assert peak_flops_per_gpu(["NVIDIA H100 80GB HBM3", "h100"], "bf16") == 989e12
+    assert peak_flops_per_gpu(["NVIDIA H100 PCIe"], "bf16") == 756e12
+    assert peak_flops_per_gpu(["NVIDIA A100-SXM4-80GB"], "fp32") == 19.5e12
+    # Unknown, mixed or unlisted parts: no peak, so no MFU (never a guess).
+    assert peak_flops_per_gpu(["NVIDIA H100 NVL"], "bf16") is None
+    assert peak_flops_per_gpu(["NVIDIA L4"], "bf16") is None
+    assert peak_flops_per_gpu(["NVIDIA H200", "NVIDIA A100-SXM4-80GB"], "bf16") is None
+    assert peak_flops_per_gpu([], "bf16") is None
+    # 8 ranks at 400k tokens/s of a 1e9 FLOP/token model: 5e13 FLOP/s per GPU.
+    figures = _flops({"flops_per_token": 1e9}, 400_000.0, 8, 989e12)
+    assert figures["model_flops_per_s_per_rank"] == pytest.approx(5e13)
+    assert figures["mfu"] == pytest.approx(5e13 / 989e12, rel=1e-5)
+    assert "989 TFLOP/s" in figures["mfu_note"]
+    assert _flops({"flops_per_token": 1e9}, 400_000.0, 8, None)["mfu"] is None
+    assert _flops({"flops_per_token": float("nan")}, 400_000.0, 8, 989e12)["mfu"] is None
