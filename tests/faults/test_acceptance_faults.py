@@ -73,11 +73,12 @@ def _run(api: APIClient, cluster: Cluster, worker: Any) -> tuple[AcceptanceRun, 
 def _judged(api: APIClient, cluster: Cluster, worker: Any) -> tuple[AcceptanceRun, float, int]:
     """A run that reached the cluster: one that could not (its steps never started, so it
     measured nothing and ended inconclusive, e.g. while another fault test has sshd down)
-    is run again, at most twice. Returns the run, its wall time and the runs retried."""
+    is run again a minute later, at most three times. Returns the run, its wall time and the runs retried."""
     retried = 0
     run, wall_s = _run(api, cluster, worker)
-    while retried < 2 and run.verdict == "inconclusive" and "could not reach" in run.reason:
+    while retried < 3 and run.verdict == "inconclusive" and "could not reach" in run.reason:
         retried += 1
+        time.sleep(60)
         run, wall_s = _run(api, cluster, worker)
     return run, wall_s, retried
 
