@@ -55,6 +55,14 @@ def summarize(records: list[dict[str, Any]]) -> str:
             + f" | {statistics.median(walls):.0f} s ({max(walls):.0f} s) | "
             f"{', '.join(map(str, jobs))} | {sum(int(r.get('retried', 0)) for r in rows)} |"
         )
+    for full in (r for r in records if r.get("kind") == "full"):
+        times = ", ".join(
+            f"{tier} {secs:.0f} s" for tier, secs in (full.get("tiers") or {}).items()
+        )
+        lines.append(
+            f"\nA full certificate ({full.get('partition')}): {full['verdict']} in "
+            f"{full['wall_s']:.0f} s, {full['jobs']} Slurm jobs; per tier: {times}"
+        )
     return "\n".join(lines)
 
 

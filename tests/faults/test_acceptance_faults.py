@@ -22,8 +22,9 @@ import pytest
 from recovery_support import CGROUP_CPU, slowed_collectives
 from rest_framework.test import APIClient
 
-from acceptance.models import AcceptanceRun, BusbwThreshold
+from acceptance.models import AcceptanceRun, BusbwThreshold, Certificate
 from celery_support import wait_until
+from devcluster_support import DevCluster
 from fault_support import FaultReport
 from nodes.models import Cluster, Node
 
@@ -42,7 +43,15 @@ OPTIONS = {"max_mib": 4, "iters": 5, "warmup": 1, "minutes": 10}
 TRIALS_FILE = Path(__file__).resolve().parents[2] / "test-artifacts" / "acceptance-trials.jsonl"
 
 
-def _run(api: APIClient, cluster: Cluster, worker: Any) -> tuple[AcceptanceRun, float]:
+def _run(
+    api: APIClient,
+    cluster: Cluster,
+    worker: Any,
+    *,
+    tiers: list[str] | None = None,
+    options: dict[str, Any] | None = None,
+    timeout: float = 600,
+) -> tuple[AcceptanceRun, float]:
     started = time.monotonic()
     response = api.post(
         "/api/v1/acceptance/runs/start/",
@@ -50,8 +59,8 @@ def _run(api: APIClient, cluster: Cluster, worker: Any) -> tuple[AcceptanceRun, 
             "cluster": cluster.pk,
             "scope": "partition",
             "value": PARTITION,
-            "tiers": ["collectives"],
-            "options": OPTIONS,
+            "tiers": tiers or ["collectives"],
+            "options": options or OPTIONS,
         },
         format="json",
     )
@@ -64,7 +73,7 @@ def _run(api: APIClient, cluster: Cluster, worker: Any) -> tuple[AcceptanceRun, 
 
     wait_until(
         ended,
-        timeout=600,
+        timeout=timeout,
         what=lambda: f"run {run.id} in {run.current_tier}; worker log:\n{worker.log()[-3000:]}",
     )
     return run, time.monotonic() - started
@@ -157,3 +166,41 @@ def test_a_slowed_node_is_convicted_and_a_healthy_set_never(
     )
     assert (healthy.verdict, healthy.convicted) == ("passed", []), healthy.reason
     assert slowed.convicted == [slow], (slowed.convicted, slowed.reason)
+
+
+def test_a_full_certificate_and_the_time_of_each_tier(
+    dev_cluster_registered: Cluster,
+    celery_stack: Any,
+    operator_api: APIClient,
+    devcluster: DevCluster,
+) -> None:
+    """Every tier over the partition, once: the certificate and how long each tier took."""
+    cluster = dev_cluster_registered
+    verifier = devcluster.env.get("GANTRY_CLUSTER_VERIFIER")
+    assert verifier, "this dev cluster has no verifier account: run scripts/devcluster up"
+    Cluster.objects.filter(pk=cluster.pk).update(verifier_account=verifier)
+    _thresholds(cluster, dict.fromkeys(("node", "leaf", "spine"), 1.0))
+    options = {
+        **OPTIONS,
+        "sustained_minutes": 1,
+        "recovery_minutes": 15,
+        "recovery_max_seconds": 600,
+        "recovery_max_lost_steps": 20,
+    }
+    run, wall_s = _run(
+        operator_api,
+        cluster,
+        celery_stack["worker"],
+        tiers=["inventory", "collectives", "sustained", "recovery"],
+        options=options,
+        timeout=1500,
+    )
+    tiers = {tier: outcome.get("seconds") for tier, outcome in (run.outcomes or {}).items()}
+    _record("full", run, wall_s, tiers=tiers)
+    assert run.state == "finished", run.reason
+    assert set(tiers) == {"inventory", "collectives", "sustained", "recovery"}, run.outcomes
+    assert all(seconds is not None and seconds >= 0 for seconds in tiers.values()), tiers
+    # Fake GPUs: inventory is honestly inconclusive; sustained has no record yet.
+    assert run.outcomes["collectives"]["verdict"] == "passed", run.outcomes["collectives"]
+    assert run.outcomes["recovery"]["verdict"] == "passed", run.outcomes["recovery"]
+    assert Certificate.objects.filter(run=run).exists()
