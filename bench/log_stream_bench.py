@@ -108,6 +108,7 @@ class Server:
                     return
             except OSError:
                 time.sleep(0.3)
+        self.stop()
         raise SystemExit(f"gunicorn ({mode}) did not come up; see {self.log.name}")
 
     def worker_pids(self) -> list[int]:
