@@ -249,3 +249,23 @@ def slowed_collectives(node: str, percent: int) -> Iterator[None]:
         finally:
             stop.set()
             mover.join(timeout=5)
+
+
+def crash_incident(job: Any, **values: Any) -> Any:
+    """An open crash incident of ``job`` (its own lineage root), detected now."""
+    from django.utils import timezone
+
+    from recovery.models import Incident
+
+    now = timezone.now()
+    fields: dict[str, Any] = {
+        "job": job,
+        "lineage_root": job,
+        "cluster": job.cluster,
+        "signal": Incident.Signal.CRASH,
+        "stopped_at": now,
+        "detected_at": now,
+        "detail": "Slurm ended it FAILED",
+        **values,
+    }
+    return Incident.objects.create(**fields)

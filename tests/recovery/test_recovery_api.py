@@ -7,28 +7,14 @@ from typing import Any
 
 import pytest
 from django.test import Client
-from django.utils import timezone
+from recovery_support import crash_incident
 from rest_framework.test import APIClient
 
 from core.models import AuditEvent
 from factories import ClusterFactory, JobFactory, NodeFactory
-from recovery.models import Incident, RecoveryPolicy, SuspectNode
+from recovery.models import RecoveryPolicy, SuspectNode
 
 pytestmark = pytest.mark.django_db
-
-
-def _incident(job: Any, **values: Any) -> Incident:
-    now = timezone.now()
-    return Incident.objects.create(
-        job=job,
-        lineage_root=job,
-        cluster=job.cluster,
-        signal=Incident.Signal.CRASH,
-        stopped_at=now,
-        detected_at=now,
-        detail="Slurm ended it FAILED",
-        **values,
-    )
 
 
 def _api(user: Any) -> APIClient:
@@ -40,8 +26,8 @@ def _api(user: Any) -> APIClient:
 def test_a_researcher_sees_the_incidents_of_their_own_jobs_only(
     researcher: Any, other_researcher: Any, operator: Any
 ) -> None:
-    mine = _incident(JobFactory(owner=researcher))
-    theirs = _incident(JobFactory(owner=other_researcher))
+    mine = crash_incident(JobFactory(owner=researcher))
+    theirs = crash_incident(JobFactory(owner=other_researcher))
     seen = {row["id"] for row in _api(researcher).get("/api/v1/incidents/").json()["results"]}
     assert seen == {mine.pk}
     everyone = {row["id"] for row in _api(operator).get("/api/v1/incidents/").json()["results"]}
@@ -75,7 +61,7 @@ def test_suspects_are_listed_with_evidence_and_cleared_by_operators(
     cluster = ClusterFactory()
     node = NodeFactory(cluster=cluster, name="rack7-node3")
     for _ in range(2):
-        incident = _incident(JobFactory(owner=researcher, cluster=cluster))
+        incident = crash_incident(JobFactory(owner=researcher, cluster=cluster))
         SuspectNode.objects.create(node=node, incident=incident, evidence="NODE_FAIL; it was down")
     listed = _api(operator).get("/api/v1/suspect-nodes/").json()
     assert listed[0]["node"] == "rack7-node3" and listed[0]["offered_for_draining"] is True

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from django.test import Client
 from django.utils import timezone
+from recovery_support import crash_incident
 from rest_framework.test import APIClient
 
 from core.models import AuditEvent
@@ -405,19 +406,6 @@ def test_a_resume_of_the_lineage_leaves_out_the_nodes_suspected_of_sdc(
 # ------------------------------------------------------------------- fleet, API, pages
 
 
-def _incident(job: Job) -> Incident:
-    now = timezone.now()
-    return Incident.objects.create(
-        job=job,
-        lineage_root=job,
-        cluster=job.cluster,
-        signal=Incident.Signal.CRASH,
-        stopped_at=now,
-        detected_at=now,
-        detail="crashed",
-    )
-
-
 def test_sdc_counts_as_evidence_from_the_checkpoints_run_toward_draining(
     cluster: Cluster, researcher: Any, other_researcher: Any
 ) -> None:
@@ -429,7 +417,7 @@ def test_sdc_counts_as_evidence_from_the_checkpoints_run_toward_draining(
     node = Node.objects.get(cluster=cluster, name="gpu-b-01")
     # A crash of a job resumed from the same run: the same lineage, still one run.
     resumed = _job(cluster, researcher, parent=job, resume_from=checkpoint, slurm_job_id="77")
-    same = _incident(resumed)
+    same = crash_incident(resumed)
     Incident.objects.filter(pk=same.pk).update(lineage_root=job)
     SuspectNode.objects.create(node=node, incident=same, evidence="srun: task 0 killed")
     [summary] = [s for s in suspect_nodes(cluster_id=cluster.pk) if s.node == node]
@@ -438,7 +426,7 @@ def test_sdc_counts_as_evidence_from_the_checkpoints_run_toward_draining(
     # Another researcher's run names it too: evidence beyond one run.
     SuspectNode.objects.create(
         node=node,
-        incident=_incident(_job(cluster, other_researcher, slurm_job_id="78")),
+        incident=crash_incident(_job(cluster, other_researcher, slurm_job_id="78")),
         evidence="NODE_FAIL",
     )
     [summary] = [s for s in suspect_nodes(cluster_id=cluster.pk) if s.node == node]
