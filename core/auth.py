@@ -6,10 +6,10 @@ two group checks are subqueries of the query that loads the user (``core.roles``
 role check costs no query of its own. An API call with a token reads its user the same way,
 in one query with the token (``core.selectors.api_token_find_by_secret``).
 
-Both are ORM queries with annotations. Raw SQL built once from the models' metadata was
-cheaper in Python per request, but the web bench's target (capacity, bench/README.md) does
-not need that saving, and one way of reading a user is easier to keep right than two.
-``tests/core/test_auth_backend.py`` holds each to one query.
+Both are ORM queries with annotations, compiled once (``core.prepared``): compiling them
+cost more than running them, on every request (issue 30's first views). The ORM still
+writes the SQL and builds the objects. ``tests/core/test_auth_backend.py`` holds each to
+one query, with the same user as the ORM reads.
 """
 
 from __future__ import annotations
@@ -18,18 +18,34 @@ from typing import Any
 
 from django.contrib.auth import get_user_model
 from django.contrib.auth.backends import ModelBackend
+from django.core.exceptions import ValidationError
 
+from core.prepared import PreparedRead
 from core.roles import remember_roles, role_annotations
+
+# No account has this id (ids are positive): it marks where the id goes in the SQL.
+_NO_USER = -(2**31) + 7
+
+
+def _user_with_roles(user_id: int) -> Any:
+    return get_user_model()._default_manager.annotate(**role_annotations("pk")).filter(pk=user_id)
+
+
+_USER_WITH_ROLES = PreparedRead(_user_with_roles, user_id=_NO_USER)
 
 
 class RoleAwareModelBackend(ModelBackend):
     def get_user(self, user_id: Any) -> Any:
         model = get_user_model()
-        user = (
-            model._default_manager.annotate(**role_annotations("pk"))
-            .filter(pk=model._meta.pk.to_python(user_id))  # type: ignore[union-attr]
-            .first()
-        )
+        try:
+            pk = model._meta.pk.to_python(user_id)  # type: ignore[union-attr]
+        except ValidationError:
+            return None
+        if not isinstance(pk, int):
+            # A user model keyed by anything else is read the ORM's way.
+            user = model._default_manager.annotate(**role_annotations("pk")).filter(pk=pk).first()
+        else:
+            user = _USER_WITH_ROLES.first(user_id=pk)
         if user is None:
             return None
         remember_roles(user, user)

@@ -53,6 +53,7 @@ JOB_FIGURES = "job_figures"
 JOB_LIST_ROWS = "job_list_rows"
 JOB_LIST_PAGE = "job_list_page"
 JOB_METRICS = "job_metrics"
+JOB_METRICS_BODY = "job_metrics_body"
 JOB_SERIES_STATE = "job_series_state"
 JOB_PLACEMENT = "job_placement"
 GOODPUT_STEP_TOTALS = "goodput_step_totals"
@@ -82,6 +83,8 @@ LIFETIMES: Mapping[str, int | FromSetting] = {
     JOB_LIST_PAGE: 120,
     # The key names the job's metrics offset (new points are another key).
     JOB_METRICS: 600,
+    # The key names everything the answer shows (the offset and the events' values).
+    JOB_METRICS_BODY: 600,
     # An unused series state; a new poll after that builds it again from every point.
     JOB_SERIES_STATE: 3600,
     # The key names the allocation, which does not change while the job runs.
@@ -172,6 +175,13 @@ def key_job_metrics(
 ) -> str:
     """A job's chart series for a step range, as of its metrics offset."""
     return _key(JOB_METRICS, job_id, metrics_offset, step_min, step_max, max_points)
+
+
+def key_job_metrics_body(*, etag: str) -> str:
+    """A job's metrics answer, rendered as JSON, under its ETag (which names the job, its
+    metrics offset, the step range, the width and the events' values: everything it
+    shows, and nothing of who asks)."""
+    return _key(JOB_METRICS_BODY, etag)
 
 
 def key_job_series_state(

@@ -8,6 +8,7 @@ from django.db.models import QuerySet
 from django.http import Http404
 
 from core.models import ApiToken
+from core.prepared import PreparedRead
 from core.roles import remember_roles, role_annotations
 from core.types import User
 
@@ -29,6 +30,21 @@ def api_token_get_for_user(*, user: User, token_id: Any) -> ApiToken:
         raise Http404("No such token.") from None
 
 
+def _token_with_roles(*, legacy: bool) -> PreparedRead:
+    def build(key_hash: str) -> QuerySet[ApiToken]:
+        return (
+            ApiToken.objects.select_related("user")
+            .annotate(**role_annotations("user_id"))
+            .filter(key_hash=key_hash, legacy=legacy)
+        )
+
+    # No hash is this: hashes are hex digests.
+    return PreparedRead(build, key_hash="<the token's hash>")
+
+
+_TOKEN_WITH_ROLES = {legacy: _token_with_roles(legacy=legacy) for legacy in (False, True)}
+
+
 def api_token_find_by_secret(*, secret: str) -> ApiToken | None:
     """The token whose secret this is, whatever its state (the caller tells expired and
     revoked apart), or None. Looked up by hash: the secret itself is stored nowhere.
@@ -40,12 +56,8 @@ def api_token_find_by_secret(*, secret: str) -> ApiToken | None:
     legacy = not secret.startswith(ApiToken.SECRET_PREFIX)
     if legacy and not ApiToken.could_be_legacy_key(secret):
         return None
-    token = (
-        ApiToken.objects.select_related("user")
-        .annotate(**role_annotations("user_id"))
-        .filter(key_hash=ApiToken.hash_secret(secret), legacy=legacy)
-        .first()
-    )
+    # Compiled once (``core.prepared``): every API request with a token reads it.
+    token = _TOKEN_WITH_ROLES[legacy].first(key_hash=ApiToken.hash_secret(secret))
     if token is not None:
         # The roles of its user came with it (one query for the caller's whole identity).
         remember_roles(token.user, token)

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.http import HttpResponse
 from django.urls import reverse
 from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_field
 from rest_framework import generics, serializers, status
+from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from core import cache
 from core.access import request_user
 from core.api import CursorPagination
 from core.conditional import etag_for, not_modified, revalidate
@@ -437,6 +440,7 @@ METRICS_VERSION_FIELDS = (
     "optimal_loss",
     "target_loss",
     "target_reached_step",
+    "metrics_rolled_up_to",
 )
 
 
@@ -485,15 +489,30 @@ class JobMetricsApi(APIView):
             job.optimal_loss,
             job.target_loss,
             job.target_reached_step,
+            # Retention rolling steps up reads them from other rows: another answer's key.
+            job.metrics_rolled_up_to,
         )
         unchanged = not_modified(request, etag)
         if unchanged is not None:
             return unchanged  # type: ignore[return-value]
-        job = job_get_for_user(user=request_user(request), job_id=job_id)
-        data = job_metrics(job=job, step_min=step_min, step_max=step_max, max_points=max_points)
-        response = Response(data)
-        revalidate(response, etag)
-        return response
+
+        def answer() -> dict[str, Any]:
+            job = job_get_for_user(user=request_user(request), job_id=job_id)
+            return job_metrics(job=job, step_min=step_min, step_max=step_max, max_points=max_points)
+
+        if not isinstance(request.accepted_renderer, JSONRenderer):
+            # The browsable API renders the answer itself.
+            return revalidate(Response(answer()), etag)  # type: ignore[return-value]
+        # The answer as sent, kept under its ETag: the same for everyone who may see the
+        # job (the access check is above), so a first view of a chart someone has seen
+        # since its last points is neither read, decoded nor encoded again.
+        body = cache.get_or_set(
+            cache.JOB_METRICS_BODY,
+            cache.key_job_metrics_body(etag=etag),
+            lambda: JSONRenderer().render(answer()),
+        )
+        response = HttpResponse(body, content_type=JSONRenderer.media_type)
+        return revalidate(response, etag)  # type: ignore[return-value]
 
 
 class JobCheckpointsApi(APIView):

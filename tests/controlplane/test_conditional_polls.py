@@ -11,7 +11,9 @@ from typing import Any
 
 import pytest
 from django.core.cache import cache
+from django.db import connection
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from drills.models import RestoreDrill
@@ -116,6 +118,42 @@ def test_metrics_are_sent_again_only_when_new_points_arrived(
     )
     fresh = revalidate(page, path, first["ETag"])
     assert fresh.status_code == 200 and fresh.json()["count"] == 2
+
+
+def test_a_first_view_of_a_chart_someone_has_seen_is_sent_as_kept(
+    page: Client, researcher: Any, operator_api: Any, other_researcher: Any, still_clock: Any
+) -> None:
+    """The metrics answer is kept rendered under its ETag: another viewer's first view (no
+    If-None-Match) gets the same bytes without the points being read, and what the answer
+    shows changing (an event's target, new points) is another answer."""
+    job = JobFactory(owner=researcher, state=Job.State.RUNNING)
+    lines = [{"step": s, "time": 1_800_000_000 + s, "loss": 3.0 - s / 10} for s in range(1, 6)]
+    data = "".join(json.dumps(line) + "\n" for line in lines).encode()
+    metrics_ingest(job=job, data=data, start_offset=0)
+    path = f"/api/v1/jobs/{job.id}/metrics/"
+    owners = page.get(path)
+    assert owners.status_code == 200 and owners.json()["count"] == 5
+    with CaptureQueriesContext(connection) as captured:
+        operators = operator_api.get(path)
+    assert operators.status_code == 200 and operators.content == owners.content
+    assert operators["ETag"] == owners["ETag"]
+    # One narrow read of the job (its access check and ETag), and no point or whole job row.
+    reads = [q["sql"] for q in captured.captured_queries if '"jobs_' in q["sql"]]
+    assert len(reads) == 1 and "jobs_metricpoint" not in reads[0], reads
+    # Kept for those who may see the job only: someone else's is still refused.
+    stranger = Client()
+    stranger.force_login(other_researcher)
+    assert stranger.get(path).status_code == 404
+    # An event's value changes what the chart shows, without new points.
+    Job.objects.filter(pk=job.pk).update(target_loss=2.75)
+    moved = operator_api.get(path)
+    assert moved.json()["target_loss"] == 2.75 and moved["ETag"] != owners["ETag"]
+    job.refresh_from_db()
+    more = json.dumps({"step": 6, "time": 1_800_000_006, "loss": 2.4}) + "\n"
+    metrics_ingest(job=job, data=more.encode(), start_offset=job.metrics_offset)
+    assert page.get(path).json()["count"] == 6
+    # The browsable API still renders its own page.
+    assert operator_api.get(path, HTTP_ACCEPT="text/html").status_code == 200
 
 
 def test_the_api_job_list_answers_304_until_a_job_on_the_page_changes(

@@ -31,6 +31,7 @@ EXAMPLE_KEYS = {
     cache.JOB_METRICS: lambda: cache.key_job_metrics(
         job_id=JOB, metrics_offset=3, step_min=None, step_max=10, max_points=2000
     ),
+    cache.JOB_METRICS_BODY: lambda: cache.key_job_metrics_body(etag='"0123abcd"'),
     cache.JOB_SERIES_STATE: lambda: cache.key_job_series_state(
         job_id=JOB, rebuilt_offset=0, max_points=2000, series=("loss", "tokens_per_s")
     ),

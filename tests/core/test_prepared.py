@@ -1,0 +1,63 @@
+"""``core.prepared``: a read compiled once answers as the ORM's own read would, for every
+value it is run with (fields converted, ``select_related`` objects, annotations, a missing
+relation), and refuses an input it cannot place."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.db import connection
+from django.db.models import Count, QuerySet
+from django.test.utils import CaptureQueriesContext
+
+from core.prepared import PreparedRead
+from factories import JobFactory
+from jobs.models import Job
+
+pytestmark = pytest.mark.django_db
+
+NO_NAME = "<no job is named this>"
+
+
+def jobs_named(name: str) -> QuerySet[Job]:
+    return (
+        Job.objects.select_related("parent", "owner")
+        .annotate(resumed=Count("children"))
+        .filter(name=name)
+    )
+
+
+def fields(obj: Any) -> list[Any]:
+    return [getattr(obj, f.attname) for f in type(obj)._meta.concrete_fields]
+
+
+def test_each_value_reads_what_the_orm_reads(researcher: Any) -> None:
+    parent = JobFactory(owner=researcher, name="first")
+    child = JobFactory(owner=researcher, name="second", parent=parent)
+    JobFactory(owner=researcher, name="third", parent=child)
+    prepared = PreparedRead(jobs_named, name=NO_NAME)
+    for name in ("first", "second", "first", "third"):
+        with CaptureQueriesContext(connection) as captured:
+            got = prepared.first(name=name)
+            # Related objects came with it.
+            parent_got, owner_got = got.parent, got.owner
+        assert len(captured.captured_queries) == 1
+        want = jobs_named(name).get()
+        assert fields(got) == fields(want)  # datetimes, JSON, UUIDs converted alike
+        assert got.resumed == want.resumed
+        assert fields(owner_got) == fields(want.owner)
+        if want.parent is None:
+            assert parent_got is None
+        else:
+            assert fields(parent_got) == fields(want.parent)
+    assert prepared.first(name="nobody") is None
+
+
+def test_an_input_it_cannot_place_is_refused() -> None:
+    # The sentinel never reaches the parameters: the filter is on another field.
+    prepared = PreparedRead(lambda name: Job.objects.filter(name="x"), name=NO_NAME)
+    with pytest.raises(ValueError, match="name"):
+        prepared.first(name="x")
+    with pytest.raises(TypeError):
+        PreparedRead(jobs_named, name=NO_NAME).first(title="x")
