@@ -27,6 +27,7 @@ from acceptance.results import (
     judge_inventory,
     probe_documents,
 )
+from acceptance.selectors import certified_stacks
 from acceptance.sustained import MARGIN_MINUTES, THREADS_PER_RANK, expected_of, reference_of
 from acceptance.sustained_judge import judge_sustained
 from acceptance.thresholds import INCONCLUSIVE
@@ -291,6 +292,8 @@ class StepLifecycle(SlurmLifecycle[AcceptanceStep]):
                 continue
             outputs[str(rank)] = data.decode("utf-8", errors="replace")
         documents = probe_documents(outputs)
+        # Read before this probe is recorded: what each node's last certificate says.
+        certified = certified_stacks(cluster_id=step.cluster_id, names=list(step.nodes))
         nodes = {
             node.name: node
             for node in Node.objects.filter(
@@ -303,7 +306,7 @@ class StepLifecycle(SlurmLifecycle[AcceptanceStep]):
                     # The stack and GPU health also go where the health app keeps them.
                     probe_record(node=nodes[name], document=doc, now=timezone.now())
         inventory = [inventory_node(nodes[name]) for name in step.nodes if name in nodes]
-        return judge_inventory(inventory, documents)
+        return judge_inventory(inventory, documents, certified)
 
 
 def inventory_node(node: Node) -> InventoryNode:

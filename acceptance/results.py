@@ -16,7 +16,7 @@ from typing import Any
 
 from acceptance.thresholds import FAILED, INCONCLUSIVE, PASSED
 from health.document import read_probe
-from health.stack import stack_drift, stack_fingerprint
+from health.stack import Difference, stack_drift, stack_fingerprint, stack_items
 from trainer.schema import COLLECTIVES_SCHEMA, PROBE_SCHEMA
 
 # The op a level is judged on (thresholds are per op; the others are recorded).
@@ -167,12 +167,18 @@ def _gpu_check(node: InventoryNode, doc: Mapping[str, Any]) -> tuple[str, str, d
 
 
 def judge_inventory(
-    inventory: Sequence[InventoryNode], documents: Mapping[str, Mapping[str, Any]]
+    inventory: Sequence[InventoryNode],
+    documents: Mapping[str, Mapping[str, Any]],
+    certified: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> StepOutcome:
     """Every node answered, its GPUs match the inventory, every stack is the same.
 
     A node whose stack differs from the others fails the set, named with what differs;
-    GPUs that could not be read (no nvidia-smi) leave the tier inconclusive, never passed."""
+    GPUs that could not be read (no nvidia-smi) leave the tier inconclusive, never passed.
+    Where no value is held by most nodes (two nodes, or an even split), ``certified`` (each
+    node's stack in its last certificate) names the node that changed since, when the
+    others did not (``changed_since_certified``); otherwise none is named, and the set
+    still fails."""
     failed: list[str] = []
     unknown: list[str] = []
     # Nodes the evidence names: GPUs unlike the inventory, or a stack unlike the majority's.
@@ -200,10 +206,14 @@ def judge_inventory(
     drift = stack_drift(stacks)
     differing = sorted({d.node for d in drift})
     at_fault |= {d.node for d in drift if not d.split}
+    changed = changed_since_certified(drift, stacks, certified or {})
+    at_fault |= {node for node, _ in changed}
     for d in drift:
         have = d.value if d.value is not None else "absent"
         most = "no majority" if d.split else (d.majority or "absent")
-        failed.append(f"{d.node}: stack {d.key} is {have} (the others: {most})")
+        was = changed.get((d.node, d.key)) if d.split else None
+        since = f"; its last certificate: {was}, the others unchanged" if was else ""
+        failed.append(f"{d.node}: stack {d.key} is {have} (the others: {most}{since})")
     evidence = {"nodes": per_node, "stack_differs": differing, "at_fault": sorted(at_fault)}
     if failed:
         return StepOutcome(FAILED, "; ".join(failed)[:4000], {"nodes": per_node}, None, evidence)
@@ -217,6 +227,31 @@ def judge_inventory(
         None,
         evidence,
     )
+
+
+def changed_since_certified(
+    drift: Sequence[Difference],
+    stacks: Mapping[str, Mapping[str, Any]],
+    certified: Mapping[str, Mapping[str, Any]],
+) -> dict[tuple[str, str], str]:
+    """For each item split with no majority: the nodes whose value changed since their last
+    certificate, where every other node of the split has one and still holds its value
+    (then the change is the odd one out): (node, item) -> the value it had then ("absent"
+    where it had none). Nothing where a node of the split was never certified, or where all or none
+    changed: no side can then claim to be the norm."""
+    found: dict[tuple[str, str], str] = {}
+    split_keys = sorted({d.key for d in drift if d.split})
+    for key in split_keys:
+        nodes = [d.node for d in drift if d.split and d.key == key]
+        if any(node not in certified or not stack_items(certified[node]) for node in nodes):
+            continue
+        now = {node: stack_items(stacks.get(node) or {}).get(key) for node in nodes}
+        then = {node: stack_items(certified[node]).get(key) for node in nodes}
+        moved = [node for node in nodes if now[node] != then[node]]
+        if moved and len(moved) < len(nodes):
+            for node in moved:
+                found[(node, key)] = then[node] or "absent"
+    return found
 
 
 def tier_verdict(verdicts: Sequence[str]) -> str:

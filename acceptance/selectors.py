@@ -11,7 +11,7 @@ from django.db.models import QuerySet
 from django.http import Http404
 
 from acceptance.certificate import recovery_summary, sustained_summary
-from acceptance.models import AcceptanceRun, AcceptanceStep, Certificate, Tier
+from acceptance.models import AcceptanceRun, AcceptanceStep, Certificate, Tier, Verdict
 from acceptance.tiers import COLLECTIVE_LEVELS
 from nodes.models import Node
 
@@ -211,3 +211,30 @@ def node_certificates(*, node: Node, limit: int = 20) -> list[dict[str, Any]]:
         }
         for row in rows
     ]
+
+
+# How many of a cluster's newest certificates are searched for each node's last one.
+CERTIFIED_SEARCH = 200
+
+
+def certified_stacks(*, cluster_id: int, names: list[str]) -> dict[str, dict[str, Any]]:
+    """Each of ``names``' stack in the newest certificate that names it and did not fail
+    (of the cluster's ``CERTIFIED_SEARCH`` newest): the stack last accepted, so a node that
+    changed stays the odd one out in later runs until a run accepts it again. A node in
+    none of them is left out."""
+    wanted = set(names)
+    found: dict[str, dict[str, Any]] = {}
+    rows = (
+        Certificate.objects.filter(cluster_id=cluster_id)
+        .exclude(verdict=Verdict.FAILED)
+        .order_by("-issued_at")
+    )
+    for document in rows.values_list("document", flat=True)[:CERTIFIED_SEARCH].iterator():
+        for entry in (document or {}).get("nodes") or []:
+            name = entry.get("name") if isinstance(entry, dict) else None
+            stack = entry.get("stack") if isinstance(entry, dict) else None
+            if name in wanted and name not in found and isinstance(stack, dict) and stack:
+                found[name] = stack
+        if len(found) == len(wanted):
+            break
+    return found

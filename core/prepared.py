@@ -13,6 +13,8 @@ each input; the ORM writes the SQL, the parameters and the shape of its rows (co
 that SQL with the sentinels replaced by the call's values, then builds the model objects as
 the ORM's own iterable does. What is read, and how, stays the ORM's; nothing is formatted
 into SQL (values are parameters, as the ORM passes them).
+
+``int_literal``: a number in a grouped expression, for PostgreSQL's server-side binding.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, connections, router
-from django.db.models import Model, QuerySet
+from django.db.models import IntegerField, Model, QuerySet
+from django.db.models.expressions import RawSQL
 from django.db.models.sql.compiler import SQLCompiler
 
 
@@ -123,3 +126,14 @@ def _model_from_row(
         if child is not None:
             related["remote_setter"](child, obj)
     return obj
+
+
+def int_literal(value: int) -> RawSQL:
+    """``value`` written into the SQL as a number, not bound as a parameter. PostgreSQL
+    binds values on the server (``controlplane.env``: prepared statements), where
+    ``GROUP BY step / $2`` is not the ``step / $1`` the select list holds: an expression
+    grouped on must carry its numbers in its text. ``int()`` first: nothing but digits
+    (and a sign) reaches the SQL."""
+    number = int(value)
+    # Identifiers none, input none: the text is an integer's digits.
+    return RawSQL(str(number), (), output_field=IntegerField())  # noqa: S611

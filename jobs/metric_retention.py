@@ -37,6 +37,7 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import Avg, Count, F, Max, Min, Q, QuerySet, Sum
 
+from core.prepared import int_literal
 from jobs.models import Checkpoint, Job, MetricPoint, MetricRollup
 
 logger = logging.getLogger(__name__)
@@ -139,7 +140,7 @@ def _aggregates() -> dict[str, Any]:
 
 def _rollup_rows(job_id: Any, points: QuerySet[MetricPoint], width: int) -> list[MetricRollup]:
     rows = (
-        points.annotate(bucket=F("step") / width)
+        points.annotate(bucket=F("step") / int_literal(width))
         .values("bucket")
         .annotate(**_aggregates())
         .order_by("bucket")

@@ -31,6 +31,7 @@ from typing import Any
 from django.db.models import Count, ExpressionWrapper, F, IntegerField, Max, Min, QuerySet, Sum
 
 from core import cache
+from core.prepared import int_literal
 from jobs.metric_retention import ROLLUP_SERIES
 from jobs.models import Job, MetricPoint, MetricRollup
 
@@ -56,7 +57,7 @@ def _buckets(job: Job, width: int, series: tuple[str, ...], from_step: int) -> l
         aggregates[f"n_{name}"] = Count(name)
     rows = (
         MetricPoint.objects.filter(job=job, step__gte=from_step)
-        .annotate(bucket=F("step") / width)
+        .annotate(bucket=F("step") / int_literal(width))
         .values("bucket")
         .annotate(**aggregates)
         .order_by("bucket")
@@ -84,7 +85,8 @@ def rollup_buckets(
     bucket of its first step: whole roll-ups when ``width`` is a multiple of theirs (both
     powers of two), so the figures are those of the raw points they replaced."""
     rollups = MetricRollup.objects.filter(job_id=job_id, first_step__gte=from_step)
-    return _rollups_as_buckets(rollups.annotate(bucket=F("first_step") / width), series)
+    bucket = F("first_step") / int_literal(width)
+    return _rollups_as_buckets(rollups.annotate(bucket=bucket), series)
 
 
 def _rollups_as_buckets(rollups: QuerySet[Any], series: tuple[str, ...]) -> list[Bucket]:

@@ -31,6 +31,7 @@ from django.utils import timezone
 
 from core import cache
 from core.errors import FieldError
+from core.prepared import int_literal
 from core.roles import is_operator
 from core.types import MaybeUser, User
 from jobs.goodput.selectors import job_goodput as job_goodput
@@ -228,7 +229,8 @@ def _job_metrics_uncached(
         lo, hi = bounds["lo"], bounds["hi"]
         span = hi - lo + 1
         bucket = ExpressionWrapper(
-            (F("step") - lo) * max_points / span, output_field=IntegerField()
+            (F("step") - int_literal(lo)) * int_literal(max_points) / int_literal(span),
+            output_field=IntegerField(),
         )
         rows = list(
             points.annotate(bucket=bucket)

@@ -246,10 +246,12 @@ def run_script(
     dir: str | os.PathLike[str] | None = None,
     check: bool = True,
     timeout: float = 600,
+    env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """Run ``scripts/devcluster ARGS... DIR``."""
+    """Run ``scripts/devcluster ARGS... DIR`` (``env``: added to this environment)."""
     d = Path(dir) if dir is not None else default_dir()
-    return _run([str(SCRIPT), *args, str(d)], check=check, timeout=timeout)
+    full = {**os.environ, **env} if env else None
+    return _run([str(SCRIPT), *args, str(d)], check=check, timeout=timeout, env=full)
 
 
 def ensure_up(dir: str | os.PathLike[str] | None = None, *, python: bool = True) -> DevCluster:

@@ -66,6 +66,45 @@ def test_tiers_run_in_order_and_a_failing_stack_stops_the_run(
     assert certificate.verdict == "failed" and certificate.convicted == ["n3"]
 
 
+def _pair(operator: Any, cluster: Cluster) -> AcceptanceRun:
+    request = RunRequest(cluster_id=cluster.pk, scope="nodes", value="n1,n2")
+    request.tiers = ["inventory"]
+    return acceptance_run_start(actor=operator, request=request)
+
+
+def test_two_nodes_that_differ_name_the_one_that_changed_since_its_certificate(
+    operator: Any, cluster: Cluster, login_node: LoginNode
+) -> None:
+    other_torch = {"python": "3.11.7", "kernel": "6.1.0", "torch": "2.5.1", "torch_cuda": "12.4"}
+    # Never certified: a pair that differs fails, and neither side can claim to be the norm.
+    first = _pair(operator, cluster)
+    finish_inventory(first, login_node, {"n2": other_torch})
+    first.refresh_from_db()
+    assert (first.verdict, first.convicted) == ("failed", [])
+    assert "n2: stack torch is 2.5.1 (the others: no majority)" in first.reason
+    # Certified alike, then n2 changes: n2 is the odd one out, and named.
+    certified = _pair(operator, cluster)
+    finish_inventory(certified, login_node)
+    certified.refresh_from_db()
+    assert certified.verdict in ("passed", "inconclusive") and certified.convicted == []
+    later = _pair(operator, cluster)
+    finish_inventory(later, login_node, {"n2": other_torch})
+    later.refresh_from_db()
+    assert (later.verdict, later.convicted) == ("failed", ["n2"])
+    assert "its last certificate: 2.4.0, the others unchanged" in later.reason
+    # A failed certificate is not the norm: n2 is still the one that changed.
+    again = _pair(operator, cluster)
+    finish_inventory(again, login_node, {"n2": other_torch})
+    again.refresh_from_db()
+    assert (again.verdict, again.convicted) == ("failed", ["n2"])
+    # Both changed since: no side is the norm again.
+    n1_too = {**other_torch, "torch": "2.6.0"}
+    both = _pair(operator, cluster)
+    finish_inventory(both, login_node, {"n1": n1_too, "n2": other_torch})
+    both.refresh_from_db()
+    assert (both.verdict, both.convicted) == ("failed", [])
+
+
 def test_a_passing_run_certifies_its_nodes_with_the_inventory_configuration(
     operator: Any, cluster: Cluster, login_node: LoginNode
 ) -> None:

@@ -86,6 +86,23 @@ def test_database_url_sqlite_and_postgres() -> None:
     assert (postgres["HOST"], postgres["PORT"], postgres["NAME"]) == ("db.example", 5433, "gantry")
 
 
+def test_postgres_prepares_repeated_queries_unless_told_not_to(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    url = "postgres://gantry:pw@db.example:5433/gantry"
+    options = database_from_url(url)["OPTIONS"]
+    assert options["server_side_binding"] is True and options["prepare_threshold"] == 5
+    monkeypatch.setenv("GANTRY_DB_PREPARED_STATEMENTS", "off")
+    options = database_from_url(url)["OPTIONS"]
+    assert "server_side_binding" not in options and "prepare_threshold" not in options
+    monkeypatch.setenv("GANTRY_DB_PREPARED_STATEMENTS", "maybe")
+    with pytest.raises(ImproperlyConfigured, match="GANTRY_DB_PREPARED_STATEMENTS"):
+        database_from_url(url)
+    # SQLite has nothing of the kind.
+    monkeypatch.delenv("GANTRY_DB_PREPARED_STATEMENTS")
+    assert "server_side_binding" not in database_from_url("sqlite:////tmp/g.sqlite3")["OPTIONS"]
+
+
 @pytest.mark.parametrize(
     ("url", "why"),
     [

@@ -11,7 +11,7 @@ from django.db import connection
 from django.db.models import Count, QuerySet
 from django.test.utils import CaptureQueriesContext
 
-from core.prepared import PreparedRead
+from core.prepared import PreparedRead, int_literal
 from factories import JobFactory
 from jobs.models import Job
 
@@ -61,3 +61,9 @@ def test_an_input_it_cannot_place_is_refused() -> None:
         prepared.first(name="x")
     with pytest.raises(TypeError):
         PreparedRead(jobs_named, name=NO_NAME).first(title="x")
+
+
+def test_a_number_in_a_grouped_expression_is_written_as_digits_only() -> None:
+    assert int_literal(64).sql == "64" and int_literal(-3).sql == "-3"
+    with pytest.raises(ValueError):
+        int_literal("1) OR (1=1")  # type: ignore[arg-type]

@@ -2,10 +2,19 @@
 worker and the watcher. A run over the two nodes of one partition (inventory and stack,
 collectives) issues its certificate, whose configuration is what Slurm's inventory says;
 with one node made genuinely slow (a cgroup CPU quota on its collective ranks, nothing
-the code under test reads), the collectives tier convicts that node and no other."""
+the code under test reads), the collectives tier convicts that node and no other; with
+another torch on one node (its slurmd in a mount namespace of its own), the stack tier
+fails and names it."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import re
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,6 +23,7 @@ from rest_framework.test import APIClient
 
 from acceptance.models import AcceptanceRun, BusbwThreshold, Certificate
 from celery_support import wait_until
+from devcluster_support import DevCluster, run_script
 from nodes.models import Cluster, Node
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -111,4 +121,68 @@ def test_a_slowed_node_is_convicted_and_no_other(
     assert Node.objects.get(cluster=dev_cluster_registered, name="n1").acceptance_state != (
         "convicted"
     )
+    Node.objects.filter(cluster=dev_cluster_registered).update(acceptance_state="")
+
+
+@contextlib.contextmanager
+def another_torch_on(devcluster: DevCluster, node: str) -> Iterator[str]:
+    """``node`` alone sees another torch in the job venv: its slurmd runs in a mount
+    namespace of its own where torch's version file is another one (nothing the code under
+    test reads: the probe imports torch as on any node). Yields that version."""
+    where = subprocess.run(
+        [
+            devcluster.python,
+            "-I",
+            "-c",
+            "import importlib.util as u; print(u.find_spec('torch').submodule_search_locations[0])",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout.strip()
+    version_file = Path(where) / "version.py"
+    text = version_file.read_text()
+    found = re.search(r"^__version__ = '([^']+)'$", text, re.MULTILINE)
+    assert found, "torch/version.py has no __version__ line"
+    other = "2.12.1+cpu" if found.group(1) != "2.12.1+cpu" else "2.11.0+cpu"
+    with tempfile.TemporaryDirectory(prefix="other-torch-") as scratch:
+        overlay = Path(scratch) / "version.py"
+        overlay.write_text(text.replace(found.group(0), f"__version__ = '{other}'"))
+        os.chmod(scratch, 0o755)
+        overlay.chmod(0o644)
+        env = {"DEVCLUSTER_NODE": node}
+        try:
+            run_script(
+                "restart-node",
+                dir=devcluster.dir,
+                env={**env, "DEVCLUSTER_OVERLAY": f"{overlay}:{version_file}"},
+            )
+            yield other
+        finally:
+            run_script("restart-node", dir=devcluster.dir, env=env)
+
+
+def test_a_node_with_another_torch_fails_the_stack_tier_named(
+    dev_cluster_registered: Cluster,
+    celery_stack: Any,
+    operator_api: APIClient,
+    devcluster: DevCluster,
+) -> None:
+    worker = celery_stack["worker"]
+    accepted = _ended(_start(operator_api, dev_cluster_registered, ["inventory"]), worker)
+    inventory = accepted.steps.get(tier="inventory")
+    assert inventory.evidence["stack_differs"] == [], inventory.reason
+    assert accepted.verdict in ("passed", "inconclusive"), accepted.reason  # fake GPUs here
+    torch_now = inventory.evidence["nodes"]["n2"]["stack"]["torch"]
+    with another_torch_on(devcluster, "n2") as other:
+        run = _ended(_start(operator_api, dev_cluster_registered, ["inventory"]), worker)
+    assert run.verdict == "failed", run.reason
+    # Two nodes, no majority: the one that changed since its last certificate is named.
+    assert run.convicted == ["n2"], (run.convicted, run.reason)
+    assert f"n2: stack torch is {other}" in run.reason
+    assert f"its last certificate: {torch_now}" in run.reason
+    evidence = run.steps.get(tier="inventory").evidence
+    assert evidence["nodes"]["n1"]["stack"]["torch"] == torch_now
+    assert evidence["nodes"]["n2"]["stack"]["torch"] == other
     Node.objects.filter(cluster=dev_cluster_registered).update(acceptance_state="")
