@@ -66,15 +66,16 @@ def _thresholds(cluster: Cluster, busbw: float) -> None:
         )
 
 
-def test_a_run_over_two_nodes_issues_its_certificate(
-    dev_cluster_registered: Cluster, celery_stack: Any, operator_api: APIClient
+def test_a_run_over_two_nodes_issues_its_certificate_and_another_torch_is_named(
+    dev_cluster_registered: Cluster,
+    celery_stack: Any,
+    operator_api: APIClient,
+    devcluster: DevCluster,
 ) -> None:
+    worker = celery_stack["worker"]
     # A threshold every working fabric passes: this test is about the run, not the speed.
     _thresholds(dev_cluster_registered, 1.0)
-    run = _ended(
-        _start(operator_api, dev_cluster_registered, ["inventory", "collectives"]),
-        celery_stack["worker"],
-    )
+    run = _ended(_start(operator_api, dev_cluster_registered, ["inventory", "collectives"]), worker)
     assert run.state == "finished", run.reason
     assert run.outcomes["collectives"]["verdict"] == "passed", run.outcomes
     # GPUs are fake here (no nvidia-smi for the probe): passed or honestly inconclusive,
@@ -95,6 +96,19 @@ def test_a_run_over_two_nodes_issues_its_certificate(
     levels = {c["level"] for c in document["criteria"]}
     assert levels == {"node", "leaf"}
     assert all(c["measured_busbw"] and c["measured_busbw"] > 1.0 for c in document["criteria"])
+    # Then n2 alone gets another torch: the stack tier fails, and names n2 (of two nodes,
+    # the one that changed since its certificate above).
+    torch_now = inventory.evidence["nodes"]["n2"]["stack"]["torch"]
+    with another_torch_on(devcluster, "n2") as other:
+        again = _ended(_start(operator_api, dev_cluster_registered, ["inventory"]), worker)
+    assert again.verdict == "failed", again.reason
+    assert again.convicted == ["n2"], (again.convicted, again.reason)
+    assert f"n2: stack torch is {other}" in again.reason
+    assert f"its last certificate: {torch_now}" in again.reason
+    evidence = again.steps.get(tier="inventory").evidence
+    assert evidence["nodes"]["n1"]["stack"]["torch"] == torch_now
+    assert evidence["nodes"]["n2"]["stack"]["torch"] == other
+    Node.objects.filter(cluster=dev_cluster_registered).update(acceptance_state="")
 
 
 @pytest.mark.skipif(not (CGROUP_CPU / "cpu.cfs_quota_us").exists(), reason="no cgroup v1 cpu")
@@ -161,28 +175,3 @@ def another_torch_on(devcluster: DevCluster, node: str) -> Iterator[str]:
             yield other
         finally:
             run_script("restart-node", dir=devcluster.dir, env=env)
-
-
-def test_a_node_with_another_torch_fails_the_stack_tier_named(
-    dev_cluster_registered: Cluster,
-    celery_stack: Any,
-    operator_api: APIClient,
-    devcluster: DevCluster,
-) -> None:
-    worker = celery_stack["worker"]
-    accepted = _ended(_start(operator_api, dev_cluster_registered, ["inventory"]), worker)
-    inventory = accepted.steps.get(tier="inventory")
-    assert inventory.evidence["stack_differs"] == [], inventory.reason
-    assert accepted.verdict in ("passed", "inconclusive"), accepted.reason  # fake GPUs here
-    torch_now = inventory.evidence["nodes"]["n2"]["stack"]["torch"]
-    with another_torch_on(devcluster, "n2") as other:
-        run = _ended(_start(operator_api, dev_cluster_registered, ["inventory"]), worker)
-    assert run.verdict == "failed", run.reason
-    # Two nodes, no majority: the one that changed since its last certificate is named.
-    assert run.convicted == ["n2"], (run.convicted, run.reason)
-    assert f"n2: stack torch is {other}" in run.reason
-    assert f"its last certificate: {torch_now}" in run.reason
-    evidence = run.steps.get(tier="inventory").evidence
-    assert evidence["nodes"]["n1"]["stack"]["torch"] == torch_now
-    assert evidence["nodes"]["n2"]["stack"]["torch"] == other
-    Node.objects.filter(cluster=dev_cluster_registered).update(acceptance_state="")
