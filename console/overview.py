@@ -179,15 +179,18 @@ def _overview_etag(request: HttpRequest, *parts: object) -> str:
 def _goodput_weeks(request: HttpRequest) -> dict[str, Any]:
     """``goodput_by_cluster_week`` of the jobs this person may see, reused for up to
     ``core.cache``'s ``OVERVIEW_GOODPUT_WEEKS`` lifetime: it sums the ledgers of eight weeks
-    of jobs. The key names the person (their row's id and creation time, and whether they
-    see every job)."""
+    of jobs. The key names the person (their row's id and creation time), or, for those
+    who see every job, no one: every operator reads the same table."""
     user = request_user(request)
+    sees_all = is_operator(user)
     return cache.get_or_set(
         cache.OVERVIEW_GOODPUT_WEEKS,
+        # Operators see every job: one table for all of them (at 100k jobs in the weeks
+        # shown it takes seconds to compute; see bench/results/web-list_2026-12-04_75b41cf).
         cache.key_overview_goodput_weeks(
-            user_id=user.pk,
-            user_joined=getattr(user, "date_joined", None),
-            sees_all=is_operator(user),
+            user_id=None if sees_all else user.pk,
+            user_joined=None if sees_all else getattr(user, "date_joined", None),
+            sees_all=sees_all,
             weeks=OVERVIEW_GOODPUT_WEEKS,
         ),
         lambda: goodput_by_cluster_week(

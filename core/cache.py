@@ -235,7 +235,7 @@ def key_overview_goodput_weeks(
     *, user_id: int | None, user_joined: datetime | None, sees_all: bool, weeks: int
 ) -> str:
     """The overview's goodput table of ``weeks`` weeks for one person (their row: id and
-    creation time; whether they see every job)."""
+    creation time), or for everyone who sees every job (``sees_all``, no person)."""
     return _key(OVERVIEW_GOODPUT_WEEKS, user_id, _timestamp(user_joined), int(sees_all), weeks)
 
 

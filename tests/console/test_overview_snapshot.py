@@ -134,3 +134,29 @@ def test_a_page_with_a_message_to_show_is_never_answered_304(rf: Any) -> None:
     success(request, "Sync requested.")
     assert not_modified(request, etag) is None
     assert [str(m) for m in get_messages(request)] == ["Sync requested."]
+
+
+def test_operators_share_one_goodput_table_and_a_researcher_keeps_their_own(
+    operator: Any, researcher: Any, other_researcher: Any, django_user_model: Any
+) -> None:
+    """The goodput table sums eight weeks of ledgers (seconds at 100k jobs): computed once
+    for every operator, never shared with a researcher (who sees their own jobs only)."""
+    from core.roles import OPERATORS
+
+    cluster = ClusterFactory(name="weeks-a")
+    running(researcher, cluster, 40)
+    running(other_researcher, cluster, 50)
+    first = client_for(operator).get("/")
+    assert first.status_code == 200
+    second = django_user_model.objects.create_user("operator-weeks", password="x")
+    second.groups.add(django_user_model.groups.rel.model.objects.get(name=OPERATORS))
+    cache.delete(key_overview_snapshot(scope="operators"))  # only the table stays kept
+    sql, response = queries(client_for(second), "/")
+    assert response.status_code == 200
+    # The snapshot is taken again (it reads running jobs), but no job's ledger inputs:
+    # the ledger query is the one that reads jobs by when they ended.
+    assert not [q for q in sql if '"ended_at" >=' in q], [q[:200] for q in sql]
+    assert first.context["goodput_weeks"] == response.context["goodput_weeks"]
+    mine = client_for(researcher).get("/").context["goodput_weeks"]
+    counted = sum(cell["jobs"] for row in mine["rows"] for cell in row["cells"])
+    assert counted == 1  # their own running job only, not the operators' table of two
