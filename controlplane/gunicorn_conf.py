@@ -5,9 +5,13 @@ controlplane.wsgi`` (README, *Production*).
   worker's own loop keeps telling the master it is alive. So a long download (a whole log
   or a rank's output, streamed by ``jobs.output``) is never cut by ``timeout``, which only
   ends a worker whose loop stopped, and it holds one thread, not a whole worker.
-- Garbage collection: after a worker has loaded Django (and again once it has served its
-  first requests, which load the URL patterns and templates), every object alive is moved
-  out of the collector's sight (``gc.freeze``): they live as long as the worker, and a full
+- Warm workers: a worker loads at start what its first requests would otherwise load in
+  the middle of being answered (every URL pattern's view, every template, compiled and kept
+  by the cached loader). Workers are replaced every ``max_requests``; a replaced one no
+  longer answers its first requests cold (the first-view bench's periodic tails).
+- Garbage collection: after a worker has loaded Django and warmed (and again once it has
+  served its first requests), every object alive is moved out of the collector's sight
+  (``gc.freeze``): they live as long as the worker, and a full
   collection no longer walks them. Without it each full collection walked the whole
   framework on every worker (bench/results: the job list's tails).
 
@@ -18,10 +22,13 @@ gunicorn's own command-line options still win over them.
 from __future__ import annotations
 
 import gc
+import logging
 import os
 from typing import Any
 
 from controlplane.env import envint, envstr
+
+logger = logging.getLogger("controlplane.gunicorn_conf")
 
 bind = envstr("GANTRY_WEB_BIND", "127.0.0.1:8000")
 worker_class = "gthread"
@@ -45,7 +52,30 @@ def _freeze() -> None:
     gc.freeze()
 
 
+def _warm() -> None:
+    from pathlib import Path
+
+    from django.template import engines
+    from django.urls import get_resolver
+
+    resolver = get_resolver()
+    _ = resolver.url_patterns  # imports every view module
+    _ = resolver.reverse_dict  # what ``reverse`` and ``{% url %}`` build on first use
+    for engine in engines.all():
+        for folder in getattr(engine, "template_dirs", ()):
+            root = Path(folder)
+            for path in sorted(root.rglob("*.html")) if root.is_dir() else ():
+                try:
+                    engine.get_template(path.relative_to(root).as_posix())
+                except Exception:  # a template that fails now fails in its view
+                    logger.warning("could not load template %s at start", path, exc_info=True)
+
+
 def post_worker_init(worker: Any) -> None:
+    try:
+        _warm()
+    except Exception:  # a worker that cannot warm still serves
+        logger.warning("worker warm-up failed", exc_info=True)
     _freeze()
     worker.gantry_requests = 0
     worker.gantry_frozen_again = False
