@@ -7,7 +7,10 @@ invalidated: a changed input is another key, and the old entry expires with its 
 Every key starts with ``KEY_PREFIX``; bump its version when what a name holds changes shape,
 and the old entries are never read again.
 
-Reading goes through ``get_or_set`` (``get_many_or_set`` for many keys in one round trip),
+Reading goes through ``get_or_set`` (``get_many_or_set`` for many keys in one round trip;
+``get_or_set`` computes each key once at a time: the callers that miss while another
+computes it wait for its value, so an expensive entry's expiry is one computation, not one
+per worker thread),
 or ``get``/``put`` where a value is read, updated and kept again, and ``peek`` where a
 conditional request only wants to know whether a value is there.
 
@@ -253,9 +256,71 @@ def get_or_set(name: str, key: str, compute: Callable[[], T]) -> T:
         _count(name, HITS)
         return found  # type: ignore[no-any-return]
     _count(name, MISSES)
-    value = compute()
-    _write({key: value}, seconds)
+    # One computation per key at a time: the first to miss computes, the others wait for
+    # its value (``_single_flight``) instead of computing the same thing on every thread.
+    claimed = _claim(key)
+    if not claimed:
+        found = _wait_for(key)
+        if found is not _MISSING:
+            return found  # type: ignore[no-any-return]
+    try:
+        value = compute()
+        _write({key: value}, seconds)
+    finally:
+        if claimed:
+            _release(key)
     return value
+
+
+# Single flight: a miss claims ``<key>:computing`` (SET NX) for at most CLAIM_SECONDS; a
+# miss that finds it claimed polls for the value every WAIT_POLL_SECONDS for at most
+# WAIT_SECONDS, then computes itself (a computation that died, or is slower than that).
+# With the cache unreachable nothing is claimed and nothing waits.
+CLAIM_SECONDS = 30
+WAIT_SECONDS = 10.0
+WAIT_POLL_SECONDS = 0.02
+
+
+def _claim(key: str) -> bool:
+    """True when this caller is to compute ``key`` (or cannot tell: the cache failed)."""
+    if not _availability.usable():
+        return True
+    try:
+        claimed = bool(caches[CACHE_ALIAS].add(f"{key}:computing", 1, timeout=CLAIM_SECONDS))
+    except Exception:
+        _availability.failed()
+        return True
+    _availability.answered()
+    return claimed
+
+
+def _release(key: str) -> None:
+    if not _availability.usable():
+        return
+    try:
+        caches[CACHE_ALIAS].delete(f"{key}:computing")
+    except Exception:
+        _availability.failed()
+
+
+def _wait_for(key: str) -> Any:
+    """The value another caller is computing, once it is kept; _MISSING when it is not
+    within WAIT_SECONDS, when its claim went away without a value, or the cache failed."""
+    # Counted in polls, not read from a clock (a test may hold the clock still).
+    for _ in range(round(WAIT_SECONDS / WAIT_POLL_SECONDS)):
+        time.sleep(WAIT_POLL_SECONDS)
+        if not _availability.usable():
+            return _MISSING
+        try:
+            found = caches[CACHE_ALIAS].get_many([key, f"{key}:computing"])
+        except Exception:
+            _availability.failed()
+            return _MISSING
+        if key in found:
+            return found[key]
+        if f"{key}:computing" not in found:
+            return _MISSING
+    return _MISSING
 
 
 def get_many_or_set(

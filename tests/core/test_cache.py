@@ -457,3 +457,54 @@ def test_reading_keeping_and_counting_against_redis(settings: Any) -> None:
         assert compute.calls == 1
         assert counted_since(cache.OVERVIEW_GOODPUT_WEEKS, before) == (2, 1)
         caches[cache.CACHE_ALIAS].delete(key)
+
+
+def test_one_computation_per_key_at_a_time_the_others_wait_for_it() -> None:
+    """Threads that miss the same key while one computes it get its value, not a
+    computation of their own (an expensive entry's expiry is one computation)."""
+    import threading
+
+    key = EXAMPLE_KEYS[cache.OVERVIEW_GOODPUT_WEEKS]()
+    started, release = threading.Event(), threading.Event()
+    calls: list[int] = []
+
+    def slow() -> dict[str, int]:
+        calls.append(1)
+        started.set()
+        release.wait(5)
+        return {"rows": 7}
+
+    got: list[Any] = []
+    first = threading.Thread(
+        target=lambda: got.append(cache.get_or_set(cache.OVERVIEW_GOODPUT_WEEKS, key, slow))
+    )
+    first.start()
+    assert started.wait(5)
+    others = [
+        threading.Thread(
+            target=lambda: got.append(cache.get_or_set(cache.OVERVIEW_GOODPUT_WEEKS, key, slow))
+        )
+        for _ in range(3)
+    ]
+    for thread in others:
+        thread.start()
+    time.sleep(0.2)  # they are waiting, not computing
+    assert len(calls) == 1
+    release.set()
+    for thread in [first, *others]:
+        thread.join(10)
+    assert got == [{"rows": 7}] * 4 and len(calls) == 1
+
+
+def test_a_computation_that_fails_lets_the_next_caller_compute() -> None:
+    key = EXAMPLE_KEYS[cache.JOB_FIGURES]()
+
+    def broken() -> Any:
+        raise RuntimeError("no")
+
+    with pytest.raises(RuntimeError):
+        cache.get_or_set(cache.JOB_FIGURES, key, broken)
+    # Its claim went with it: the next miss computes at once, without waiting.
+    started = time.monotonic()
+    assert cache.get_or_set(cache.JOB_FIGURES, key, lambda: 5) == 5
+    assert time.monotonic() - started < cache.WAIT_POLL_SECONDS * 10
