@@ -186,7 +186,7 @@ def _goodput_weeks(request: HttpRequest) -> dict[str, Any]:
     return cache.get_or_set(
         cache.OVERVIEW_GOODPUT_WEEKS,
         # Operators see every job: one table for all of them (at 100k jobs in the weeks
-        # shown it takes seconds to compute; see bench/results/web-list_2026-12-04_75b41cf).
+        # shown it takes seconds to compute; see bench/results/web-list_2026-12-04_250bf1e).
         cache.key_overview_goodput_weeks(
             user_id=None if sees_all else user.pk,
             user_joined=None if sees_all else getattr(user, "date_joined", None),
