@@ -14,6 +14,7 @@ import pytest
 from acceptance_support import a100_cluster
 from django.test import Client
 from django.utils import timezone
+from recovery_support import crash_incident
 
 from acceptance.models import AcceptanceRun, Certificate, RecoveryTrial
 from acceptance.orchestrate import run_advance
@@ -104,17 +105,8 @@ def _checkpoint(job: Job, step: int, *, proven: bool = False) -> Checkpoint:
 
 def _incident(job: Job, **values: Any) -> Incident:
     now = timezone.now()
-    defaults: dict[str, Any] = {
-        "job": job,
-        "lineage_root": job,
-        "cluster": job.cluster,
-        "signal": Incident.Signal.CRASH,
-        "stopped_at": now - timedelta(seconds=30),
-        "detected_at": now - timedelta(seconds=20),
-        "detail": "Slurm ended job 5001 failed",
-    }
-    defaults.update(values)
-    return Incident.objects.create(**defaults)
+    timing = {"stopped_at": now - timedelta(seconds=30), "detected_at": now - timedelta(seconds=20)}
+    return crash_incident(job, **{**timing, **values})  # type: ignore[no-any-return]
 
 
 def _recovered(job: Job, operator: Any) -> tuple[Incident, Job]:
