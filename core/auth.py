@@ -41,11 +41,12 @@ class RoleAwareModelBackend(ModelBackend):
             pk = model._meta.pk.to_python(user_id)  # type: ignore[union-attr]
         except ValidationError:
             return None
-        if not isinstance(pk, int):
-            # A user model keyed by anything else is read the ORM's way.
-            user = model._default_manager.annotate(**role_annotations("pk")).filter(pk=pk).first()
-        else:
-            user = _USER_WITH_ROLES.first(user_id=pk)
+        # A user model keyed by anything but an integer is read without the compiled query.
+        user = (
+            _USER_WITH_ROLES.first(user_id=pk)
+            if isinstance(pk, int)
+            else _user_with_roles(pk).first()
+        )
         if user is None:
             return None
         remember_roles(user, user)

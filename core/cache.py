@@ -257,7 +257,7 @@ def get_or_set(name: str, key: str, compute: Callable[[], T]) -> T:
         return found  # type: ignore[no-any-return]
     _count(name, MISSES)
     # One computation per key at a time: the first to miss computes, the others wait for
-    # its value (``_single_flight``) instead of computing the same thing on every thread.
+    # its value (``_claim``, ``_wait_for``) instead of computing it on every thread.
     claimed = _claim(key)
     if not claimed:
         found = _wait_for(key)
