@@ -49,7 +49,7 @@ logger = logging.getLogger(__name__)
 
 CACHE_ALIAS = "computed"
 # Bumped when what a name's value holds changes shape: every older entry is then ignored.
-KEY_PREFIX = "v1:"
+KEY_PREFIX = "v2:"
 
 # The cached things.
 JOB_FIGURES = "job_figures"

@@ -37,6 +37,14 @@ def remember_roles(user: User, source: Any) -> User:
     return user
 
 
+def assume_roles(user: User, *, operator: bool, researcher: bool) -> User:
+    """``user`` taken to hold these roles without reading them: for a stand-in user that a
+    read is compiled for (``core.prepared``), never for someone who asks."""
+    setattr(user, _OPERATOR_CACHE, operator)
+    setattr(user, _RESEARCHER_CACHE, researcher)
+    return user
+
+
 def is_operator(user: MaybeUser | None) -> bool:
     """Whether ``user`` is an operator; False for someone not signed in."""
     if user is None or not user.is_authenticated:

@@ -14,18 +14,23 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
 
+from django.contrib.auth import get_user_model
 from django.db.models import Q, QuerySet
 
 from core import cache
 from core.errors import FieldError
+from core.prepared import PreparedRead
+from core.roles import assume_roles, is_operator
+from core.types import User
 from jobs.models import Job
-from jobs.selectors import job_list_versions
+from jobs.selectors import job_list, job_list_versions
 
 PAGE_SIZE = 50
 # What the rows show besides the job's own row and what job_list_versions reads.
@@ -70,15 +75,72 @@ def job_list_page_read(
     jobs: QuerySet[Job], *, cursor: Cursor | None, size: int = PAGE_SIZE
 ) -> JobListPage:
     """The page of ``jobs`` (a ``jobs.selectors.job_list``) after ``cursor``: one query."""
-    ordered = jobs.order_by("-created_at", "-id")
+    if cursor is None:
+        rows = list(_page_versions(jobs, size=size))
+    else:
+        rows = list(_page_versions(jobs, size=size, after=(cursor.created_at, cursor.job_id)))
+    return _page(rows, size)
+
+
+def job_list_page_read_unfiltered(
+    *, user: User, mine: bool, cursor: Cursor | None, size: int = PAGE_SIZE
+) -> JobListPage:
+    """``job_list_page_read`` of ``job_list(user=user, mine=mine)``, the list as it opens
+    (no filter but ``mine``): the read researchers make most, compiled once per role,
+    ``mine`` and whether there is a cursor (``core.prepared``)."""
+    operator = is_operator(user)
+    values: dict[str, Any] = {}
+    if mine or not operator:
+        values["owner_id"] = user.pk
     if cursor is not None:
+        values.update(created_at=cursor.created_at, job_id=cursor.job_id)
+    read = _unfiltered_read(operator, mine, cursor is not None, size)
+    return _page(read.all(**values), size)
+
+
+def _page_versions(
+    jobs: QuerySet[Job], *, size: int, after: tuple[datetime, UUID] | None = None
+) -> QuerySet[Job, dict[str, Any]]:
+    """The row versions of ``jobs`` newest first, after ``after`` (a cursor's created_at
+    and job id), one more than ``size`` (whether there is an older page)."""
+    ordered = jobs.order_by("-created_at", "-id")
+    if after is not None:
+        created_at, job_id = after
         # The first condition is implied by the second; it is there for the planner, which
         # makes it the index range (the OR alone would be a filter over every newer row).
-        ordered = ordered.filter(created_at__lte=cursor.created_at).filter(
-            Q(created_at__lt=cursor.created_at)
-            | Q(created_at=cursor.created_at, id__lt=cursor.job_id)
+        ordered = ordered.filter(created_at__lte=created_at).filter(
+            Q(created_at__lt=created_at) | Q(created_at=created_at, id__lt=job_id)
         )
-    rows = list(job_list_versions(ordered, also=ALSO_SHOWN)[: size + 1])
+    return job_list_versions(ordered, also=ALSO_SHOWN)[: size + 1]
+
+
+# No account, job or time is these: they mark where a value goes in the compiled SQL.
+_NO_OWNER = -(2**31) + 13
+_NO_JOB = UUID("00000000-0000-0000-0000-00000000a0b7")
+_NO_TIME = datetime(1901, 2, 3, 4, 5, 6, 789012, tzinfo=UTC)
+
+
+@functools.cache
+def _unfiltered_read(operator: bool, mine: bool, after: bool, size: int) -> PreparedRead:
+    sentinels: dict[str, Any] = {}
+    if mine or not operator:
+        sentinels["owner_id"] = _NO_OWNER
+    if after:
+        sentinels.update(created_at=_NO_TIME, job_id=_NO_JOB)
+
+    def build(
+        owner_id: int = _NO_OWNER, created_at: datetime = _NO_TIME, job_id: UUID = _NO_JOB
+    ) -> QuerySet[Job, dict[str, Any]]:
+        stand_in = assume_roles(
+            get_user_model()(pk=owner_id), operator=operator, researcher=not operator
+        )
+        jobs = job_list(user=stand_in, mine=mine)
+        return _page_versions(jobs, size=size, after=(created_at, job_id) if after else None)
+
+    return PreparedRead(build, **sentinels)
+
+
+def _page(rows: list[dict[str, Any]], size: int) -> JobListPage:
     shown = rows[:size]
     older = None
     if len(rows) > size:
@@ -92,13 +154,18 @@ def job_list_page_read(
 
 
 def job_list_page_rows(
-    page: JobListPage, jobs: QuerySet[Job], *, minute: int, render: Callable[[list[Job]], str]
+    page: JobListPage,
+    jobs: Callable[[], QuerySet[Job]],
+    *,
+    minute: int,
+    render: Callable[[list[Job]], str],
 ) -> str:
     """The page's rows rendered by ``render``, kept in ``core.cache`` under their versions
-    and ``minute``: only a miss reads the jobs (one query)."""
+    and ``minute``: only a miss reads the jobs (``jobs()``, one query)."""
 
     def rows() -> str:
-        found = {job.id: job for job in jobs.select_related("parent").filter(id__in=page.ids)}
+        listed = jobs().select_related("parent").filter(id__in=page.ids)
+        found = {job.id: job for job in listed}
         return render([found[job_id] for job_id in page.ids if job_id in found])
 
     return cache.get_or_set(

@@ -26,14 +26,18 @@ from typing import Any, Literal
 from uuid import UUID
 
 from django.db import connections
-from django.db.models import Field, ForeignKey, ManyToOneRel, Model
+from django.db.models import Field, ForeignKey, ManyToOneRel, Model, QuerySet
 from django.db.models.expressions import RawSQL
 from django.db.models.fields.json import KeyTextTransform
 
+from core.prepared import PreparedRead
 from core.types import User
 from jobs.models import Checkpoint, Job, JobEvent
-from jobs.selectors import job_list_for_user, job_one
+from jobs.selectors import JobReadForUser, job_list_for_user
 from nodes.models import Cluster
+
+# No job has this id (ids are uuid4; this one's version digit is 0): where a job's id goes.
+_NO_JOB = UUID("00000000-0000-0000-0000-00000000a0b6")
 
 
 def _field(model: type[Model], name: str) -> Field[Any, Any]:
@@ -195,11 +199,36 @@ def _read(job: Job, entries: list[Shown]) -> list[Any]:
         return [getattr(job, field.name)]
     if not isinstance(field, ManyToOneRel):
         raise TypeError(f"Job.{relation} is neither a foreign key nor one to the job")
-    listed = getattr(job, relation).all()
-    if not any(isinstance(shown.fields, str) for shown in entries):
-        # Its key back to the job too: the related manager sets each row's job from it.
-        listed = listed.only(*plain, field.field.name)
-    return list(listed.annotate(**keys).order_by(*entries[0].order))
+    rows = _listed_read(tuple(entries)).all(job_id=job.pk)
+    for row in rows:
+        field.field.set_cached_value(row, job)  # as the related manager sets it
+    return rows
+
+
+@functools.cache
+def _listed_read(entries: tuple[Shown, ...]) -> PreparedRead:
+    """The rows pointing at a job that ``entries`` declare (one relation to the job), with
+    just their declared fields (and their key back to the job), compiled once
+    (``core.prepared``): the job page reads three such lists on every full view."""
+    relation = Job._meta.get_field(entries[0].relation)
+    if not isinstance(relation, ManyToOneRel):
+        raise TypeError(f"Job.{entries[0].relation} is not a relation to the job")
+    model, back = entries[0].model, relation.field
+    names = dict.fromkeys(name for shown in entries for name in shown.names)
+    plain = [name for name in names if "__" not in name]
+    keys = {
+        f"{field}_{key}": KeyTextTransform(key, field)
+        for field, _, key in (name.partition("__") for name in names)
+        if key
+    }
+
+    def build(job_id: UUID) -> QuerySet[Any]:
+        listed = model._default_manager.filter(**{back.attname: job_id})
+        if not any(isinstance(shown.fields, str) for shown in entries):
+            listed = listed.only(*plain, back.name)
+        return listed.annotate(**keys).order_by(*entries[0].order)
+
+    return PreparedRead(build, job_id=_NO_JOB)
 
 
 def job_page_state(shown: ShownRows, *, page: bool = False) -> list[list[tuple[Any, ...]]]:
@@ -236,21 +265,29 @@ def job_version(*, user: User, job_id: UUID | str, page: bool = False) -> JobVer
     jobs = job_list_for_user(user=user)
     if connections[jobs.db].vendor != "postgresql":
         return None
-    sql, params = _digest_sql(jobs.db, page=page)
-    row = job_one(
-        # Identifiers from the models' metadata only, values as parameters (see _digest_sql).
-        jobs.annotate(gantry_version=RawSQL(sql, params)).values_list(  # noqa: S611
-            "gantry_version",
-            "state",
-            "owner_id",
-            "allocated_nodes",
-            "nodelist_requested",
-            "switches_requested",
-            "id",
-        ),
-        job_id,
-    )
+    row = _VERSION_READS[page].one(user=user, job_id=job_id)
     return JobVersion(*row)
+
+
+def _with_version(jobs: QuerySet[Job], *, page: bool) -> QuerySet[Any]:
+    """``jobs`` as the rows ``job_version`` reads: the digest, then ``JobVersion``'s fields."""
+    sql, params = _digest_sql(jobs.db, page=page)
+    # Identifiers from the models' metadata only, values as parameters (see _digest_sql).
+    return jobs.annotate(gantry_version=RawSQL(sql, params)).values_list(  # noqa: S611
+        "gantry_version",
+        "state",
+        "owner_id",
+        "allocated_nodes",
+        "nodelist_requested",
+        "switches_requested",
+        "id",
+    )
+
+
+# Compiled once per role and kind (``core.prepared``): every poll reads one.
+_VERSION_READS = {
+    page: JobReadForUser(functools.partial(_with_version, page=page)) for page in (False, True)
+}
 
 
 @functools.cache

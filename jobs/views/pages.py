@@ -7,6 +7,7 @@ from urllib.parse import urlencode
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseBase, HttpResponseRedirect
 from django.shortcuts import render
 from django.template.loader import render_to_string
@@ -23,7 +24,12 @@ from core.roles import is_operator, is_researcher
 from health.selectors import HealthNotice, job_health_notices
 from jobs.goodput.ledger import format_duration
 from jobs.goodput.work_at_risk import job_work_at_risk
-from jobs.list_page import Cursor, job_list_page_read, job_list_page_rows
+from jobs.list_page import (
+    Cursor,
+    job_list_page_read,
+    job_list_page_read_unfiltered,
+    job_list_page_rows,
+)
 from jobs.models import Checkpoint, Job
 from jobs.page_versions import JobVersion, job_page_rows, job_page_state, job_version
 from jobs.pending_queue import job_pending_summary
@@ -59,14 +65,23 @@ def job_list_page(request: HttpRequest) -> HttpResponseBase:
     }
     try:
         cursor = Cursor.decode(context["cursor"]) if context["cursor"] else None
-        jobs = job_list(
-            user=request_user(request),
-            state=state or None,
-            owner=(owner or None) if sees_all else None,
-            search=search or None,
-            mine=mine,
-        )
-        page = job_list_page_read(jobs, cursor=cursor)
+        filtered = bool(state or search or (owner and sees_all))
+
+        def jobs() -> QuerySet[Job]:
+            return job_list(
+                user=request_user(request),
+                state=state or None,
+                owner=(owner or None) if sees_all else None,
+                search=search or None,
+                mine=mine,
+            )
+
+        if filtered:
+            page = job_list_page_read(jobs(), cursor=cursor)
+        else:
+            page = job_list_page_read_unfiltered(
+                user=request_user(request), mine=mine, cursor=cursor
+            )
     except FieldError as refused:
         context.update(error=refused.message, shown=False)
         return render(request, "jobs/job_list.html", context, status=400)
@@ -194,15 +209,25 @@ def _job_figures(job: Job, context: dict[str, Any], children: list[Job]) -> dict
         _job_state(context),
         [(child.id, child.state, child.metrics_offset, child.ended_at) for child in children],
     )
-    return cache.get_or_set(
-        cache.JOB_FIGURES,
-        cache.key_job_figures(job_id=job.id, version=version, minute=this_minute()),
-        lambda: {
+
+    def figures() -> dict[str, Any]:
+        shown = {
             "goodput": _goodput_display(job_goodput(job=job)),
             "work_at_risk": job_work_at_risk(job=job),
             "figures_at": timezone.now(),
-        },
+            "figures_seconds": JOB_FIGURES_SECONDS,
+        }
+        # The section as every viewer sees it (nothing in it depends on who asks), rendered
+        # with the figures: a full view renders it again only when they change.
+        return {**shown, "goodput_html": render_to_string("jobs/_goodput.html", shown)}
+
+    found = cache.get_or_set(
+        cache.JOB_FIGURES,
+        cache.key_job_figures(job_id=job.id, version=version, minute=this_minute()),
+        figures,
     )
+    # Rendered by this module's own template (autoescaped), kept in core.cache.
+    return {**found, "goodput_html": mark_safe(found["goodput_html"])}  # noqa: S308
 
 
 def _health_notices(job: Job, events: list[Any]) -> list[HealthNotice]:
@@ -228,7 +253,6 @@ def _job_page_context(request: HttpRequest, job: Job) -> dict[str, Any]:
         ),
         config_json=json.dumps(job.config, indent=2, sort_keys=True),
         script=job_script(job),
-        figures_seconds=JOB_FIGURES_SECONDS,
         health_notices=_health_notices(job, context["events"]),
         stack_changes=stack_changes(job),
         **_job_figures(job, context, children),

@@ -5,6 +5,7 @@ relation), and refuses an input it cannot place."""
 from __future__ import annotations
 
 from typing import Any
+from uuid import UUID, uuid4
 
 import pytest
 from django.db import connection
@@ -12,8 +13,8 @@ from django.db.models import Count, QuerySet
 from django.test.utils import CaptureQueriesContext
 
 from core.prepared import PreparedRead, int_literal
-from factories import JobFactory
-from jobs.models import Job
+from factories import CheckpointFactory, JobFactory
+from jobs.models import Checkpoint, Job
 
 pytestmark = pytest.mark.django_db
 
@@ -52,6 +53,58 @@ def test_each_value_reads_what_the_orm_reads(researcher: Any) -> None:
         else:
             assert fields(parent_got) == fields(want.parent)
     assert prepared.first(name="nobody") is None
+
+
+NO_JOB = UUID("00000000-0000-0000-0000-0000000000ee")
+
+
+def checkpoints_of(job_id: UUID) -> QuerySet[Checkpoint]:
+    return Checkpoint.objects.filter(job_id=job_id).only("step", "job").order_by("-step")
+
+
+def test_every_row_reads_as_the_orm_reads_it_whatever_the_shape(researcher: Any) -> None:
+    job, other = JobFactory(owner=researcher), JobFactory(owner=researcher)
+    for step in (10, 30, 20):
+        CheckpointFactory(job=job, step=step)
+    CheckpointFactory(job=other, step=99)
+    shapes = {
+        "models": checkpoints_of,
+        "dicts": lambda job_id: checkpoints_of(job_id).values("id", "step"),
+        "tuples": lambda job_id: checkpoints_of(job_id).values_list("step", "job_id"),
+        "flat": lambda job_id: checkpoints_of(job_id).values_list("step", flat=True),
+    }
+    for shape, build in shapes.items():
+        prepared = PreparedRead(build, job_id=NO_JOB)
+        # A UUID goes in as the database takes it (hex digits on SQLite), a str id too.
+        for job_id in (job.id, str(other.id), job.id):
+            with CaptureQueriesContext(connection) as captured:
+                got = prepared.all(job_id=job_id)
+            assert len(captured.captured_queries) == 1, shape
+            want = list(build(UUID(str(job_id))))
+            if shape == "models":
+                assert [fields(c) for c in got] == [fields(c) for c in want]
+                assert all(c.get_deferred_fields() == want[0].get_deferred_fields() for c in got)
+            else:
+                assert got == want, shape
+        assert prepared.all(job_id=uuid4()) == []
+        first, want_first = prepared.first(job_id=job.id), build(job.id)[0]
+        if shape == "models":
+            assert fields(first) == fields(want_first)
+        else:
+            assert first == want_first
+    assert [c.step for c in PreparedRead(checkpoints_of, job_id=NO_JOB).all(job_id=job.id)] == [
+        30,
+        20,
+        10,
+    ]
+
+
+def test_a_read_that_prefetches_is_refused() -> None:
+    prepared = PreparedRead(
+        lambda job_id: Job.objects.prefetch_related("events").filter(id=job_id), job_id=NO_JOB
+    )
+    with pytest.raises(TypeError, match="prefetch"):
+        prepared.all(job_id=uuid4())
 
 
 def test_an_input_it_cannot_place_is_refused() -> None:

@@ -3,10 +3,12 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from django.contrib.auth.models import AnonymousUser
 from django.http import Http404
 
 from core.roles import is_operator, is_researcher, role_name
 from factories import JobFactory
+from jobs.models import Job
 from jobs.selectors import job_get_for_user, job_list_for_user
 
 pytestmark = pytest.mark.django_db
@@ -71,6 +73,15 @@ def test_researcher_sees_only_their_own_jobs_operator_sees_all(
         job_get_for_user(user=researcher, job_id=theirs.id)
     with pytest.raises(Http404):
         job_get_for_user(user=researcher, job_id="not-a-uuid")
+    # Nobody signed in sees no job; the answer reads the same for each role's compiled read.
+    with pytest.raises(Http404):
+        job_get_for_user(user=AnonymousUser(), job_id=mine.id)
+    for user, job in ((researcher, mine), (operator, theirs), (operator, mine)):
+        got = job_get_for_user(user=user, job_id=str(job.id))
+        assert (got.owner, got.cluster) == (job.owner, job.cluster)
+        assert [getattr(got, f.attname) for f in Job._meta.concrete_fields] == [
+            getattr(job, f.attname) for f in Job._meta.concrete_fields
+        ]
 
 
 def test_migration_grants_match_roles_sync() -> None:

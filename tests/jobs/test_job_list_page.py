@@ -66,6 +66,47 @@ def test_pages_show_every_job_once_newest_first(researcher: Any, page: Client) -
     assert seen == [str(job.id) for job in expected]
 
 
+@pytest.mark.parametrize(
+    ("who", "query", "whose"),
+    [
+        ("researcher", "", {"researcher"}),
+        ("researcher", "mine=0", {"researcher"}),
+        ("operator", "", {"researcher", "other", "operator"}),
+        ("operator", "mine=1", {"operator"}),
+    ],
+)
+def test_the_list_as_it_opens_pages_through_what_its_reader_may_see(
+    who: str, query: str, whose: set[str], request: pytest.FixtureRequest
+) -> None:
+    # The list without filters is read by a compiled query per role, "mine" and cursor
+    # (jobs.list_page.job_list_page_read_unfiltered): the same rule, every job once.
+    users = {
+        "researcher": request.getfixturevalue("researcher"),
+        "other": request.getfixturevalue("other_researcher"),
+        "operator": request.getfixturevalue("operator"),
+    }
+    made = {
+        name: _make(user, {"researcher": 110, "other": 7, "operator": 4}[name])
+        for name, user in users.items()
+    }
+    client = Client()
+    client.force_login(users[who])
+    seen: list[str] = []
+    path: str | None = f"/jobs/?{query}"
+    while path is not None:
+        response = client.get(path)
+        assert response.status_code == 200
+        seen += _shown(response)
+        older = _older(response)
+        path = None if older is None else f"/jobs/?{older}"
+    expected = sorted(
+        (job for name in whose for job in made[name]),
+        key=lambda job: (job.created_at, job.id),
+        reverse=True,
+    )
+    assert seen == [str(job.id) for job in expected]
+
+
 def test_bad_cursor_is_refused_with_a_form_error(page: Client) -> None:
     for junk in ("zzz", "%%%", Cursor.__name__, "MjAyNXxub3QtYS11dWlk"):
         response = page.get(f"/jobs/?cursor={junk}")
