@@ -21,8 +21,10 @@ snapshot shows the same (``core.conditional``): its digest is taken when it is c
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
+from django.contrib.auth import get_user_model
 from django.contrib.auth.decorators import login_required
 from django.db.models import Count, IntegerField, OuterRef, Subquery
 from django.db.models.functions import Coalesce
@@ -30,10 +32,11 @@ from django.http import HttpRequest, HttpResponseBase
 from django.shortcuts import render
 from django.template.loader import render_to_string
 
+from controlplane.tasknames import OVERVIEW_GOODPUT_REFRESH, task_send
 from core import cache
 from core.access import request_user
 from core.conditional import etag_for, not_modified, revalidate, static_release
-from core.roles import is_operator
+from core.roles import assume_roles, is_operator
 from core.types import User
 from drills.models import RestoreDrill
 from drills.selectors import restore_drill_list_for_user
@@ -176,39 +179,73 @@ def _overview_etag(request: HttpRequest, *parts: object) -> str:
     return etag_for(*parts, role, request.META.get("CSRF_COOKIE"))
 
 
-def _goodput_weeks(request: HttpRequest) -> dict[str, Any]:
-    """``goodput_by_cluster_week`` of the jobs this person may see, reused for up to
-    ``core.cache``'s ``OVERVIEW_GOODPUT_WEEKS`` lifetime: it sums the ledgers of eight weeks
-    of jobs. The key names the person (their row's id and creation time), or, for those
-    who see every job, no one: every operator reads the same table."""
-    user = request_user(request)
+# The goodput table is answered as kept, and computed again by a worker once it is older
+# than this (``core.cache.get_or_refresh``): at 100k jobs it takes seconds, which no page
+# view should wait for once a table exists.
+OVERVIEW_GOODPUT_FRESH_SECONDS = 60
+
+
+def _goodput_weeks_key(user: User) -> str:
+    """The table's key: for those who see every job, no one (every operator reads the same
+    table); for anyone else, the person (their row's id and creation time)."""
     sees_all = is_operator(user)
-    return cache.get_or_set(
-        cache.OVERVIEW_GOODPUT_WEEKS,
-        # Operators see every job: one table for all of them (at 100k jobs in the weeks
-        # shown it takes seconds to compute; see bench/results/web-list_2026-12-04_250bf1e).
-        cache.key_overview_goodput_weeks(
-            user_id=None if sees_all else user.pk,
-            user_joined=None if sees_all else getattr(user, "date_joined", None),
-            sees_all=sees_all,
-            weeks=OVERVIEW_GOODPUT_WEEKS,
-        ),
-        lambda: goodput_by_cluster_week(
-            jobs=job_list_for_user(user=user), weeks=OVERVIEW_GOODPUT_WEEKS
-        ),
+    return cache.key_overview_goodput_weeks(
+        user_id=None if sees_all else user.pk,
+        user_joined=None if sees_all else getattr(user, "date_joined", None),
+        sees_all=sees_all,
+        weeks=OVERVIEW_GOODPUT_WEEKS,
     )
+
+
+def _goodput_weeks_table(user: User) -> dict[str, Any]:
+    return goodput_by_cluster_week(jobs=job_list_for_user(user=user), weeks=OVERVIEW_GOODPUT_WEEKS)
+
+
+def _goodput_weeks(request: HttpRequest) -> tuple[dict[str, Any], datetime]:
+    """``goodput_by_cluster_week`` of the jobs this person may see (it sums the ledgers of
+    eight weeks of jobs), and when it was computed: answered as kept in ``core.cache``; once
+    older than ``OVERVIEW_GOODPUT_FRESH_SECONDS`` a worker computes it again
+    (``overview_goodput_refresh``). Computed while the page waits only when none is kept."""
+    user = request_user(request)
+    refresh_for = None if is_operator(user) else user.pk
+    table, at = cache.get_or_refresh(
+        cache.OVERVIEW_GOODPUT_WEEKS,
+        _goodput_weeks_key(user),
+        lambda: _goodput_weeks_table(user),
+        fresh_seconds=OVERVIEW_GOODPUT_FRESH_SECONDS,
+        refresh=lambda: task_send(OVERVIEW_GOODPUT_REFRESH, refresh_for),
+    )
+    return table, datetime.fromtimestamp(at, UTC)
+
+
+def overview_goodput_refresh(*, user_id: int | None) -> bool:
+    """A worker's side of ``_goodput_weeks``: the table of user ``user_id`` (None: of those
+    who see every job, as an operator sees it) computed now and kept. False when there is no
+    such user any more."""
+    if user_id is None:
+        user = assume_roles(get_user_model()(), operator=True, researcher=True)
+    else:
+        found = get_user_model()._default_manager.filter(pk=user_id).first()
+        if found is None:
+            return False
+        user = found
+    cache.put_refreshed(
+        cache.OVERVIEW_GOODPUT_WEEKS, _goodput_weeks_key(user), _goodput_weeks_table(user)
+    )
+    return True
 
 
 @login_required
 def overview(request: HttpRequest) -> HttpResponseBase:
     context = dict(_overview_snapshot(request))
-    context["goodput_weeks"] = _goodput_weeks(request)
-    context["goodput_weeks_seconds"] = cache.lifetime(cache.OVERVIEW_GOODPUT_WEEKS)
+    context["goodput_weeks"], context["goodput_weeks_at"] = _goodput_weeks(request)
+    context["goodput_weeks_seconds"] = OVERVIEW_GOODPUT_FRESH_SECONDS
     etag = _overview_etag(
         request,
         "page",
         context["snapshot_digest"],
         repr(context["goodput_weeks"]),
+        context["goodput_weeks_at"],
         static_release(),
     )
     unchanged = not_modified(request, etag)

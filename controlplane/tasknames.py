@@ -32,6 +32,8 @@ NOTIFICATION_DELIVER = "notifications.deliver"
 HEALTH_COLLECT = "health.collect"
 HEALTH_COLLECT_CLUSTER = "health.collect_cluster"
 METRICS_ROLLUP = "jobs.metrics_rollup"
+# The overview's goodput table, computed again off the request path (console.overview).
+OVERVIEW_GOODPUT_REFRESH = "console.overview_goodput_refresh"
 
 
 def task_send(name: str, *args: Any) -> bool:

@@ -102,8 +102,9 @@ LIFETIMES: Mapping[str, int | FromSetting] = {
     OVERVIEW_NODE_COUNTS: 30,
     # The overview's live part, shared by everyone with the same view.
     OVERVIEW_SNAPSHOT: FromSetting("OVERVIEW_SNAPSHOT_SECONDS"),
-    # The overview's goodput table of eight weeks of jobs.
-    OVERVIEW_GOODPUT_WEEKS: 60,
+    # The overview's goodput table of eight weeks of jobs: a worker computes it again once
+    # it is older than a minute (``get_or_refresh``); kept this long should none do so.
+    OVERVIEW_GOODPUT_WEEKS: 600,
 }
 NAMES = tuple(LIFETIMES)
 
@@ -270,6 +271,50 @@ def get_or_set(name: str, key: str, compute: Callable[[], T]) -> T:
         if claimed:
             _release(key)
     return value
+
+
+def get_or_refresh(
+    name: str,
+    key: str,
+    compute: Callable[[], T],
+    *,
+    fresh_seconds: float,
+    refresh: Callable[[], object],
+) -> tuple[T, float]:
+    """``get_or_set`` for a value too costly to compute while someone waits, and the time
+    (seconds since the epoch) it was computed. Once it is older than ``fresh_seconds`` it is still
+    answered, and ``refresh()`` asks for it to be computed elsewhere (a worker, which keeps
+    it with ``put_refreshed``), at most once per ``fresh_seconds`` across processes.
+    ``compute()`` runs here only when nothing is kept: the first read, or no refresh for
+    ``name``'s whole lifetime (workers down)."""
+    value, at = get_or_set(name, key, lambda: (compute(), _clock()))
+    if _clock() - at > fresh_seconds and _claim_refresh(key, fresh_seconds):
+        refresh()
+    return value, at
+
+
+def put_refreshed(name: str, key: str, value: object) -> None:
+    """Keep ``value``, computed now, as ``get_or_refresh`` answers it."""
+    put(name, key, (value, _clock()))
+
+
+def _clock() -> float:
+    """Seconds since the epoch: when a refreshed value was computed (shared by processes)."""
+    return time.time()
+
+
+def _claim_refresh(key: str, seconds: float) -> bool:
+    """True for the first caller to find ``key`` stale in ``seconds``; False when the cache
+    cannot tell (unreachable: nothing is kept then, every read computes)."""
+    if not _availability.usable():
+        return False
+    try:
+        claimed = caches[CACHE_ALIAS].add(f"{key}:refresh", 1, timeout=max(1, int(seconds)))
+    except Exception:
+        _availability.failed()
+        return False
+    _availability.answered()
+    return bool(claimed)
 
 
 # Single flight: a miss claims ``<key>:computing`` (SET NX) for at most CLAIM_SECONDS; a

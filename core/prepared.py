@@ -14,8 +14,9 @@ A ``PreparedRead`` is built from an ORM queryset with a placeholder value (a sen
 each input; the ORM writes the SQL, the parameters and the shape of its rows (columns,
 ``select_related`` models, annotations, each column's converters) once, and every call runs
 that SQL with the sentinels replaced by the call's values, then builds the rows as the ORM's
-own iterable does (model objects, ``values()`` dicts, ``values_list()`` tuples). What is read, and how, stays the ORM's; nothing is formatted
-into SQL (values are parameters, as the ORM passes them).
+own iterable does (model objects, ``values()`` dicts, ``values_list()`` tuples). What is
+read, and how, stays the ORM's; nothing is formatted into SQL (values are parameters, as
+the ORM passes them).
 
 ``int_literal``: a number in a grouped expression, for PostgreSQL's server-side binding.
 """

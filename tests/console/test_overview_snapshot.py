@@ -160,3 +160,49 @@ def test_operators_share_one_goodput_table_and_a_researcher_keeps_their_own(
     mine = client_for(researcher).get("/").context["goodput_weeks"]
     counted = sum(cell["jobs"] for row in mine["rows"] for cell in row["cells"])
     assert counted == 1  # their own running job only, not the operators' table of two
+
+
+def test_an_old_goodput_table_is_shown_while_a_worker_computes_it_again(
+    operator: Any, researcher: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The table takes seconds at 100k jobs: once one is kept, no page view computes it.
+    Older than a minute, it is still shown (with its time) and a worker is asked, once, to
+    compute it again (``console.tasks``); what the worker keeps is shown next."""
+    import console.overview
+    from console.tasks import overview_goodput_refresh_task
+    from core import cache as computed
+
+    sent: list[tuple[str, tuple[Any, ...]]] = []
+    monkeypatch.setattr(
+        console.overview, "task_send", lambda name, *args: sent.append((name, args))
+    )
+    now = [2_000_000_000.0]
+    monkeypatch.setattr(computed, "_clock", lambda: now[0])
+    cluster = ClusterFactory(name="weeks-b")
+    running(researcher, cluster, 40)
+    first = client_for(operator).get("/")
+    assert "weeks-b" in first.content.decode() and sent == []
+    running(researcher, cluster, 50)  # not in the kept table
+    now[0] += 61
+    cache.delete(key_overview_snapshot(scope="operators"))
+    sql, stale = queries(client_for(operator), "/")
+    assert not [q for q in sql if '"ended_at" >=' in q]  # no ledger read while it waits
+    assert stale.context["goodput_weeks"] == first.context["goodput_weeks"]
+    assert stale.context["goodput_weeks_at"] == first.context["goodput_weeks_at"]
+    client_for(operator).get("/")
+    assert sent == [("console.overview_goodput_refresh", (None,))]  # once, for all operators
+    # A researcher's own table is refreshed for them alone.
+    client_for(researcher).get("/")
+    now[0] += 61
+    client_for(researcher).get("/")
+    assert sent[-1] == ("console.overview_goodput_refresh", (researcher.pk,))
+    # The worker's run keeps a fresh table, which the next view shows.
+    assert overview_goodput_refresh_task(None) is True
+    assert overview_goodput_refresh_task(10**9) is False  # no such user any more
+    fresh = client_for(operator).get("/")
+    jobs = sum(
+        cell["jobs"] for row in fresh.context["goodput_weeks"]["rows"] for cell in row["cells"]
+    )
+    assert jobs == 2
+    assert fresh.context["goodput_weeks_at"].timestamp() == now[0]
+    assert 'data-testid="goodput-weeks-at"' in fresh.content.decode()

@@ -149,7 +149,7 @@ def test_lifetimes_are_one_table_and_the_snapshot_follows_its_setting(settings: 
     assert cache.lifetime(cache.CLUSTER_FAILURE_HISTORY) == 60
     assert cache.lifetime(cache.METRICS_GOODPUT) == 60
     assert cache.lifetime(cache.OVERVIEW_NODE_COUNTS) == 30
-    assert cache.lifetime(cache.OVERVIEW_GOODPUT_WEEKS) == 60
+    assert cache.lifetime(cache.OVERVIEW_GOODPUT_WEEKS) == 600
     settings.OVERVIEW_SNAPSHOT_SECONDS = 7
     assert cache.lifetime(cache.OVERVIEW_SNAPSHOT) == 7
     settings.OVERVIEW_SNAPSHOT_SECONDS = 0
@@ -243,6 +243,39 @@ def test_get_and_put_for_a_value_updated_in_place() -> None:
     cache.put(name, key, {"offset": 3})
     assert cache.get(name, key) == {"offset": 3}
     assert counted_since(name, before) == (1, 1)
+
+
+def test_a_stale_value_is_answered_while_one_refresh_is_asked_for(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``get_or_refresh``: computed in the request only when nothing is kept; once older
+    than its freshness, still answered, and a refresh asked for once per period."""
+    now = [1_000_000.0]
+    monkeypatch.setattr(cache, "_clock", lambda: now[0])
+    key = EXAMPLE_KEYS[cache.OVERVIEW_GOODPUT_WEEKS]()
+    compute, refreshes = Computations("first"), []
+
+    def read() -> tuple[Any, float]:
+        return cache.get_or_refresh(
+            cache.OVERVIEW_GOODPUT_WEEKS,
+            key,
+            compute,
+            fresh_seconds=60,
+            refresh=lambda: refreshes.append(now[0]),
+        )
+
+    assert read() == ("first", 1_000_000.0) and compute.calls == 1
+    now[0] += 59
+    assert read() == ("first", 1_000_000.0) and refreshes == []
+    now[0] += 2  # 61 s old: answered as kept, one refresh asked for, not one per read
+    assert read() == read() == ("first", 1_000_000.0)
+    assert refreshes == [1_000_061.0] and compute.calls == 1
+    cache.put_refreshed(cache.OVERVIEW_GOODPUT_WEEKS, key, "second")
+    assert read() == ("second", 1_000_061.0)
+    now[0] += 61  # stale again, and the previous claim has run out: another refresh
+    caches[cache.CACHE_ALIAS].delete(f"{key}:refresh")  # locmem's clock is the real one
+    assert read() == ("second", 1_000_061.0) and refreshes == [1_000_061.0, 1_000_122.0]
+    assert compute.calls == 1
 
 
 def test_a_peek_counts_a_hit_but_not_a_miss() -> None:
