@@ -251,7 +251,8 @@ def test_the_overview_counts_what_the_fleet_reads_count(
     assert context["throughput_now"] == pytest.approx(150)
     html = page.get("/").content.decode()
     assert 'data-testid="node-counts-age"' in html
-    assert "Recomputed at most every 60 s" in html
+    assert "computed again in the background once it is 60 s old" in html
+    assert 'data-testid="goodput-weeks-at"' in html
 
 
 def test_the_job_page_is_revalidated_until_the_job_or_its_resumed_jobs_change(
