@@ -165,7 +165,7 @@ class JobReadForUser:
             values["owner_id"] = user.pk
         try:
             found = self._reads[operator].first(**values)
-        except (ValueError, TypeError, AttributeError, ValidationError):
+        except (ValueError, ValidationError):
             found = None  # not an id
         if found is None:
             raise Http404("No such job.")
