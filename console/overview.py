@@ -36,7 +36,7 @@ from controlplane.tasknames import OVERVIEW_GOODPUT_REFRESH, task_send
 from core import cache
 from core.access import request_user
 from core.conditional import etag_for, not_modified, revalidate, static_release
-from core.roles import assume_roles, is_operator
+from core.roles import is_operator, stand_in
 from core.types import User
 from drills.models import RestoreDrill
 from drills.selectors import restore_drill_list_for_user
@@ -223,7 +223,7 @@ def overview_goodput_refresh(*, user_id: int | None) -> bool:
     who see every job, as an operator sees it) computed now and kept. False when there is no
     such user any more."""
     if user_id is None:
-        user = assume_roles(get_user_model()(), operator=True, researcher=True)
+        user = stand_in(operator=True)
     else:
         found = get_user_model()._default_manager.filter(pk=user_id).first()
         if found is None:

@@ -20,18 +20,15 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.backends import ModelBackend
 from django.core.exceptions import ValidationError
 
-from core.prepared import PreparedRead
+from core.prepared import NO_INT, PreparedRead
 from core.roles import remember_roles, role_annotations
-
-# No account has this id (ids are positive): it marks where the id goes in the SQL.
-_NO_USER = -(2**31) + 7
 
 
 def _user_with_roles(user_id: int) -> Any:
     return get_user_model()._default_manager.annotate(**role_annotations("pk")).filter(pk=user_id)
 
 
-_USER_WITH_ROLES = PreparedRead(_user_with_roles, user_id=_NO_USER)
+_USER_WITH_ROLES = PreparedRead(_user_with_roles, user_id=NO_INT)
 
 
 class RoleAwareModelBackend(ModelBackend):

@@ -282,9 +282,10 @@ def get_or_refresh(
     refresh: Callable[[], object],
 ) -> tuple[T, float]:
     """``get_or_set`` for a value too costly to compute while someone waits, and the time
-    (seconds since the epoch) it was computed. Once it is older than ``fresh_seconds`` it is still
-    answered, and ``refresh()`` asks for it to be computed elsewhere (a worker, which keeps
-    it with ``put_refreshed``), at most once per ``fresh_seconds`` across processes.
+    (seconds since the epoch) it was computed. Once it is older than ``fresh_seconds`` it
+    is still answered, and ``refresh()`` asks for it to be computed elsewhere (a worker,
+    which keeps it with ``put_refreshed``), at most once per ``fresh_seconds`` across
+    processes.
     ``compute()`` runs here only when nothing is kept: the first read, or no refresh for
     ``name``'s whole lifetime (workers down)."""
     value, at = get_or_set(name, key, lambda: (compute(), _clock()))
@@ -306,15 +307,7 @@ def _clock() -> float:
 def _claim_refresh(key: str, seconds: float) -> bool:
     """True for the first caller to find ``key`` stale in ``seconds``; False when the cache
     cannot tell (unreachable: nothing is kept then, every read computes)."""
-    if not _availability.usable():
-        return False
-    try:
-        claimed = caches[CACHE_ALIAS].add(f"{key}:refresh", 1, timeout=max(1, int(seconds)))
-    except Exception:
-        _availability.failed()
-        return False
-    _availability.answered()
-    return bool(claimed)
+    return _mark(f"{key}:refresh", max(1, int(seconds))) is True
 
 
 # Single flight: a miss claims ``<key>:computing`` (SET NX) for at most CLAIM_SECONDS; a
@@ -328,15 +321,21 @@ WAIT_POLL_SECONDS = 0.02
 
 def _claim(key: str) -> bool:
     """True when this caller is to compute ``key`` (or cannot tell: the cache failed)."""
+    return _mark(f"{key}:computing", CLAIM_SECONDS) is not False
+
+
+def _mark(marker: str, seconds: int) -> bool | None:
+    """Whether this caller set ``marker`` (SET NX, kept ``seconds``), or None when the
+    cache could not say."""
     if not _availability.usable():
-        return True
+        return None
     try:
-        claimed = bool(caches[CACHE_ALIAS].add(f"{key}:computing", 1, timeout=CLAIM_SECONDS))
+        added = bool(caches[CACHE_ALIAS].add(marker, 1, timeout=seconds))
     except Exception:
         _availability.failed()
-        return True
+        return None
     _availability.answered()
-    return claimed
+    return added
 
 
 def _release(key: str) -> None:

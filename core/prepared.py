@@ -26,7 +26,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
 
@@ -40,6 +40,13 @@ from django.db.models.query import (
     ValuesListIterable,
 )
 from django.db.models.sql.compiler import SQLCompiler
+
+# Sentinels no row holds (ids are positive; Gantry's UUIDs are uuid4, whose version digit is
+# 4, this one's 0; no time is this far back), one per type: they mark where a value goes in
+# the compiled SQL. Two inputs of one type in one read need sentinels of their own.
+NO_INT = -(2**31) + 7
+NO_UUID = UUID("00000000-0000-0000-0000-00000000a0b5")
+NO_TIME = datetime(1901, 2, 3, 4, 5, 6, 789012, tzinfo=UTC)
 
 
 @dataclass(frozen=True)
@@ -59,12 +66,12 @@ def _as_is(value: Any) -> Any:
     return value
 
 
-def _hex(value: Any) -> Any:
-    return value.hex if isinstance(value, UUID) else UUID(str(value)).hex
-
-
-def _uuid(value: Any) -> Any:
+def _uuid(value: Any) -> UUID:
     return value if isinstance(value, UUID) else UUID(str(value))
+
+
+def _hex(value: Any) -> str:
+    return _uuid(value).hex
 
 
 def _slot(
@@ -97,8 +104,8 @@ class PreparedRead:
     ``sentinels``: one value per input, of the type the query's field takes, that no other
     parameter of the query can equal; each must appear among the compiled parameters (a
     ``ValueError`` at the first call says which one did not: a field that transforms its
-    value before it becomes a parameter cannot take a sentinel, except a UUID, which is
-    passed as the database takes it). A queryset that prefetches is refused: its other
+    value before it becomes a parameter cannot take a sentinel, except a UUID or a time,
+    which are passed as the database takes them). A queryset that prefetches is refused: its other
     queries would not be compiled once."""
 
     def __init__(self, build: Callable[..., QuerySet[Any]], **sentinels: Any) -> None:

@@ -37,11 +37,15 @@ def remember_roles(user: User, source: Any) -> User:
     return user
 
 
-def assume_roles(user: User, *, operator: bool, researcher: bool) -> User:
-    """``user`` taken to hold these roles without reading them: for a stand-in user that a
-    read is compiled for (``core.prepared``), never for someone who asks."""
+def stand_in(*, operator: bool, pk: int | None = None) -> User:
+    """An unsaved user ``pk`` taken to be an operator, or else a researcher, without reading
+    any role: what a read is compiled or computed for on behalf of anyone with that role
+    (``core.prepared``, a worker's overview table), never someone who asks."""
+    from django.contrib.auth import get_user_model
+
+    user: User = get_user_model()(pk=pk)
     setattr(user, _OPERATOR_CACHE, operator)
-    setattr(user, _RESEARCHER_CACHE, researcher)
+    setattr(user, _RESEARCHER_CACHE, not operator)
     return user
 
 

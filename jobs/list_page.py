@@ -17,17 +17,16 @@ import binascii
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 from uuid import UUID
 
-from django.contrib.auth import get_user_model
 from django.db.models import Q, QuerySet
 
 from core import cache
 from core.errors import FieldError
-from core.prepared import PreparedRead
-from core.roles import assume_roles, is_operator
+from core.prepared import NO_INT, NO_TIME, NO_UUID, PreparedRead
+from core.roles import is_operator, stand_in
 from core.types import User
 from jobs.models import Job
 from jobs.selectors import job_list, job_list_versions
@@ -89,13 +88,9 @@ def job_list_page_read_unfiltered(
     (no filter but ``mine``): the read researchers make most, compiled once per role,
     ``mine`` and whether there is a cursor (``core.prepared``)."""
     operator = is_operator(user)
-    values: dict[str, Any] = {}
-    if mine or not operator:
-        values["owner_id"] = user.pk
-    if cursor is not None:
-        values.update(created_at=cursor.created_at, job_id=cursor.job_id)
-    read = _unfiltered_read(operator, mine, cursor is not None, size)
-    return _page(read.all(**values), size)
+    after = None if cursor is None else (cursor.created_at, cursor.job_id)
+    read = _unfiltered_read(operator, mine, after is not None, size)
+    return _page(read.all(**_inputs(operator, mine, owner_id=user.pk, after=after)), size)
 
 
 def _page_versions(
@@ -114,29 +109,30 @@ def _page_versions(
     return job_list_versions(ordered, also=ALSO_SHOWN)[: size + 1]
 
 
-# No account, job or time is these: they mark where a value goes in the compiled SQL.
-_NO_OWNER = -(2**31) + 13
-_NO_JOB = UUID("00000000-0000-0000-0000-00000000a0b7")
-_NO_TIME = datetime(1901, 2, 3, 4, 5, 6, 789012, tzinfo=UTC)
+def _inputs(
+    operator: bool, mine: bool, *, owner_id: int, after: tuple[datetime, UUID] | None
+) -> dict[str, Any]:
+    """The inputs of the compiled read of this shape: the owner where the list keeps to
+    one person's jobs, the cursor where there is one."""
+    inputs: dict[str, Any] = {}
+    if mine or not operator:
+        inputs["owner_id"] = owner_id
+    if after is not None:
+        inputs.update(created_at=after[0], job_id=after[1])
+    return inputs
 
 
 @functools.cache
 def _unfiltered_read(operator: bool, mine: bool, after: bool, size: int) -> PreparedRead:
-    sentinels: dict[str, Any] = {}
-    if mine or not operator:
-        sentinels["owner_id"] = _NO_OWNER
-    if after:
-        sentinels.update(created_at=_NO_TIME, job_id=_NO_JOB)
-
     def build(
-        owner_id: int = _NO_OWNER, created_at: datetime = _NO_TIME, job_id: UUID = _NO_JOB
+        owner_id: int = NO_INT, created_at: datetime = NO_TIME, job_id: UUID = NO_UUID
     ) -> QuerySet[Job, dict[str, Any]]:
-        stand_in = assume_roles(
-            get_user_model()(pk=owner_id), operator=operator, researcher=not operator
-        )
-        jobs = job_list(user=stand_in, mine=mine)
+        jobs = job_list(user=stand_in(operator=operator, pk=owner_id), mine=mine)
         return _page_versions(jobs, size=size, after=(created_at, job_id) if after else None)
 
+    sentinels = _inputs(
+        operator, mine, owner_id=NO_INT, after=(NO_TIME, NO_UUID) if after else None
+    )
     return PreparedRead(build, **sentinels)
 
 

@@ -20,24 +20,21 @@ they read nothing undeclared.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 from uuid import UUID
 
 from django.db import connections
-from django.db.models import Field, ForeignKey, ManyToOneRel, Model, QuerySet
+from django.db.models import Field, ForeignKey, ForeignObject, ManyToOneRel, Model, QuerySet
 from django.db.models.expressions import RawSQL
 from django.db.models.fields.json import KeyTextTransform
 
-from core.prepared import PreparedRead
+from core.prepared import NO_UUID, PreparedRead
 from core.types import User
 from jobs.models import Checkpoint, Job, JobEvent
 from jobs.selectors import JobReadForUser, job_list_for_user
 from nodes.models import Cluster
-
-# No job has this id (ids are uuid4; this one's version digit is 0): where a job's id goes.
-_NO_JOB = UUID("00000000-0000-0000-0000-00000000a0b6")
 
 
 def _field(model: type[Model], name: str) -> Field[Any, Any]:
@@ -180,13 +177,6 @@ def _read(job: Job, entries: list[Shown]) -> list[Any]:
     relation, model = entries[0].relation, entries[0].model
     if not relation:
         return [job]
-    names = dict.fromkeys(name for shown in entries for name in shown.names)
-    plain = [name for name in names if "__" not in name]
-    keys = {
-        f"{field}_{key}": KeyTextTransform(key, field)
-        for field, _, key in (name.partition("__") for name in names)
-        if key
-    }
     field = Job._meta.get_field(relation)
     if isinstance(field, ForeignKey):
         target = getattr(job, field.attname)
@@ -194,26 +184,20 @@ def _read(job: Job, entries: list[Shown]) -> list[Any]:
             return []
         if not field.is_cached(job):
             # Just the declared fields: a template that reads another one costs a query.
+            plain, keys = _declared(entries)
             rows = model._default_manager.annotate(**keys).only(*plain)
             field.set_cached_value(job, rows.get(**{field.target_field.attname: target}))
         return [getattr(job, field.name)]
     if not isinstance(field, ManyToOneRel):
         raise TypeError(f"Job.{relation} is neither a foreign key nor one to the job")
-    rows = _listed_read(tuple(entries)).all(job_id=job.pk)
+    rows = _listed_read(tuple(entries), field.field).all(job_id=job.pk)
     for row in rows:
         field.field.set_cached_value(row, job)  # as the related manager sets it
     return rows
 
 
-@functools.cache
-def _listed_read(entries: tuple[Shown, ...]) -> PreparedRead:
-    """The rows pointing at a job that ``entries`` declare (one relation to the job), with
-    just their declared fields (and their key back to the job), compiled once
-    (``core.prepared``): the job page reads three such lists on every full view."""
-    relation = Job._meta.get_field(entries[0].relation)
-    if not isinstance(relation, ManyToOneRel):
-        raise TypeError(f"Job.{entries[0].relation} is not a relation to the job")
-    model, back = entries[0].model, relation.field
+def _declared(entries: Sequence[Shown]) -> tuple[list[str], dict[str, KeyTextTransform]]:
+    """The columns ``entries`` declare, and the JSON keys they read as annotations."""
     names = dict.fromkeys(name for shown in entries for name in shown.names)
     plain = [name for name in names if "__" not in name]
     keys = {
@@ -221,6 +205,16 @@ def _listed_read(entries: tuple[Shown, ...]) -> PreparedRead:
         for field, _, key in (name.partition("__") for name in names)
         if key
     }
+    return plain, keys
+
+
+@functools.cache
+def _listed_read(entries: tuple[Shown, ...], back: ForeignObject[Any, Any]) -> PreparedRead:
+    """The rows pointing at a job (by ``back``) that ``entries`` declare, with just their
+    declared fields and their key back to the job, compiled once (``core.prepared``): the
+    job page reads three such lists on every full view."""
+    model = entries[0].model
+    plain, keys = _declared(entries)
 
     def build(job_id: UUID) -> QuerySet[Any]:
         listed = model._default_manager.filter(**{back.attname: job_id})
@@ -228,7 +222,7 @@ def _listed_read(entries: tuple[Shown, ...]) -> PreparedRead:
             listed = listed.only(*plain, back.name)
         return listed.annotate(**keys).order_by(*entries[0].order)
 
-    return PreparedRead(build, job_id=_NO_JOB)
+    return PreparedRead(build, job_id=NO_UUID)
 
 
 def job_page_state(shown: ShownRows, *, page: bool = False) -> list[list[tuple[Any, ...]]]:

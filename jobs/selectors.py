@@ -11,7 +11,6 @@ from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
 
-from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
 from django.db import connection
 from django.db.models import (
@@ -32,8 +31,8 @@ from django.utils import timezone
 
 from core import cache
 from core.errors import FieldError
-from core.prepared import PreparedRead, int_literal
-from core.roles import assume_roles, is_operator
+from core.prepared import NO_INT, NO_UUID, PreparedRead, int_literal
+from core.roles import is_operator, stand_in
 from core.types import MaybeUser, User
 from jobs.goodput.selectors import job_goodput as job_goodput
 from jobs.metric_series import downsampled_series, ranged_series
@@ -130,12 +129,6 @@ def job_get_for_user(*, user: MaybeUser, job_id: UUID | str, only: Sequence[str]
     return job_one(jobs, job_id)
 
 
-# No job has this id (Gantry's ids are uuid4, whose version digit is 4; this one's is 0),
-# and no account this one (ids are positive): they mark where the values go in the SQL.
-_NO_JOB = UUID("00000000-0000-0000-0000-00000000a0b5")
-_NO_OWNER = -(2**31) + 11
-
-
 class JobReadForUser:
     """One job of ``reshape(jobs)`` (``jobs``: what ``job_list_for_user``, the one access
     rule, lets a user see; ``reshape``: annotations, ``values_list``...), compiled once per
@@ -144,15 +137,13 @@ class JobReadForUser:
 
     def __init__(self, reshape: Callable[[QuerySet[Job]], QuerySet[Any]]) -> None:
         def seen_by(*, operator: bool) -> PreparedRead:
-            def build(job_id: UUID, owner_id: int = _NO_OWNER) -> QuerySet[Any]:
-                stand_in = assume_roles(
-                    get_user_model()(pk=owner_id), operator=operator, researcher=not operator
-                )
-                return reshape(job_list_for_user(user=stand_in).filter(id=job_id))
+            def build(job_id: UUID, owner_id: int = NO_INT) -> QuerySet[Any]:
+                user = stand_in(operator=operator, pk=owner_id)
+                return reshape(job_list_for_user(user=user).filter(id=job_id))
 
             if operator:
-                return PreparedRead(lambda job_id: build(job_id), job_id=_NO_JOB)
-            return PreparedRead(build, job_id=_NO_JOB, owner_id=_NO_OWNER)
+                return PreparedRead(lambda job_id: build(job_id), job_id=NO_UUID)
+            return PreparedRead(build, job_id=NO_UUID, owner_id=NO_INT)
 
         self._reads = {operator: seen_by(operator=operator) for operator in (True, False)}
 
