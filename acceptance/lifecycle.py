@@ -34,12 +34,12 @@ from acceptance.thresholds import INCONCLUSIVE
 from controlplane.tasknames import ACCEPTANCE_STEP_SUBMIT
 from health.services import probe_record
 from nodes.models import Node
-from nodes.slurm import errors as slurm_errors
-from nodes.slurm.hostlist import compress
-from nodes.slurm.parsers import SlurmJob
-from nodes.slurm.transport import SshTransport
 from runs.lifecycle import Phase, SlurmLifecycle, slurm_phase
 from runs.runtime import ScriptSpec, render_sbatch, trainer_ensure_uploaded
+from slurm import errors as slurm_errors
+from slurm.hostlist import compress
+from slurm.parsers import SlurmJob
+from slurm.transport import SshTransport
 
 logger = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ work lost.
 
 The job goes through the jobs app like any other (``jobs.services.job_submit``): owned by
 the operator who started the acceptance run and run as that operator's account on the
-cluster (``nodes.identities.cluster_account_for``, the same path as every job they submit),
+cluster (``nodes.access.identities.cluster_account_for``, the same path as every job they submit),
 so its run directory, its checkpoints, the resume recovery makes of it (which runs as the
 checkpoint's account) and the audit trail are those of a person who asked for it. Not the
 service account: a job owned by one person and run as another account would break the
@@ -64,9 +64,9 @@ from jobs.models import Checkpoint, Job, MetricPoint
 from jobs.services import job_submit
 from jobs.validation import JobRequest
 from nodes.models import Node
-from nodes.slurm.hostlist import compress
 from recovery.incidents import incident_move, lineage_jobs
 from recovery.models import Incident, SuspectNode
+from slurm.hostlist import compress
 from trainer.schema import EXIT_RANK_FAULT
 
 logger = logging.getLogger(__name__)

@@ -31,10 +31,10 @@ from core.errors import ApplicationError, ConflictError, FieldError
 from core.roles import is_operator
 from core.types import User
 from jobs.models import Job
-from nodes.identities import cluster_account_for
+from nodes.access.identities import cluster_account_for
 from nodes.models import Cluster, Node, Partition
 from nodes.services import cluster_reconcile_soon
-from nodes.slurm.hostlist import expand, natural_key
+from slurm.hostlist import expand, natural_key
 
 logger = logging.getLogger(__name__)
 

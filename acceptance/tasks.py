@@ -9,7 +9,7 @@ from django.conf import settings
 
 from acceptance.lifecycle import STEPS
 from controlplane.tasknames import ACCEPTANCE_STEP_SUBMIT
-from nodes.slurm.errors import TRANSIENT_ERRORS
+from slurm.errors import TRANSIENT_ERRORS
 
 
 @shared_task(

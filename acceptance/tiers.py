@@ -33,7 +33,7 @@ from acceptance.thresholds import (
 from controlplane.tasknames import ACCEPTANCE_STEP_SUBMIT, task_send
 from nodes.models import Node
 from nodes.placement.model import no_switch_name
-from nodes.slurm.hostlist import natural_key
+from slurm.hostlist import natural_key
 
 COLLECTIVE_LEVELS = (NODE, LEAF, SPINE)
 

@@ -209,8 +209,8 @@ def register_devcluster(dc: Any, *, sync: bool = True) -> Any:
     """The dev cluster registered in the bench database (as the tests' fixture does)."""
     from nodes.models import Cluster
     from nodes.registration import cluster_register
-    from nodes.slurm.transport import close_all
     from nodes.sync import cluster_sync
+    from slurm.transport import close_all
 
     existing = Cluster.objects.filter(name="devcluster").first()
     if existing is not None:
@@ -240,7 +240,7 @@ def register_devcluster(dc: Any, *, sync: bool = True) -> Any:
 
 def map_account(cluster: Any, user: Any, account: str) -> None:
     """``user``'s work on ``cluster`` runs as the dev cluster's Unix user ``account``."""
-    from nodes.identities import cluster_identity_set
+    from nodes.access.identities import cluster_identity_set
 
     cluster_identity_set(actor=None, cluster=cluster, user=user, account=account)
 

@@ -115,7 +115,7 @@ def main() -> int:
     from django.db import connection
 
     from celery_support import flush_test_broker, start_beat, start_worker
-    from nodes.slurm.transport import close_all
+    from slurm.transport import close_all
 
     dc = lib.devcluster()
     dc.wait_quiet()

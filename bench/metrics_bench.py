@@ -131,8 +131,8 @@ def bytes_child(args: argparse.Namespace) -> dict[str, Any]:
     from django.db import connection
 
     from jobs.models import MetricPoint
-    from nodes.cluster_access import slurm_client_for, transport_for
-    from nodes.slurm.transport import close_all
+    from nodes.access.cluster import slurm_client_for, transport_for
+    from slurm.transport import close_all
 
     dc = lib.devcluster()
     cluster = lib.register_devcluster(dc)

@@ -50,8 +50,8 @@ def main() -> int:
 
     from django.db import connection
 
-    from nodes.cluster_access import transport_for
-    from nodes.slurm.transport import close_all
+    from nodes.access.cluster import transport_for
+    from slurm.transport import close_all
 
     dc = lib.devcluster()
     dc.wait_quiet()
@@ -166,7 +166,7 @@ def measure_size(
 def squeue_round_trips(cluster: Any, job_ids: list[Any], slurm_ids: list[str]) -> list[float]:
     """Where the time goes at the largest size: the remote command alone, 5 times."""
     from jobs.models import Job
-    from nodes.cluster_access import slurm_client_for
+    from nodes.access.cluster import slurm_client_for
 
     Job.objects.filter(id__in=job_ids).update(state=Job.State.PENDING)
     client = slurm_client_for(cluster)

@@ -23,9 +23,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from nodes.slurm.client import SlurmClient  # noqa: E402
-from nodes.slurm.connect import SshConfig  # noqa: E402
-from nodes.slurm.transport import close_all, get_transport  # noqa: E402
+from slurm.client import SlurmClient  # noqa: E402
+from slurm.connect import SshConfig  # noqa: E402
+from slurm.transport import close_all, get_transport  # noqa: E402
 
 
 def read_env(path: Path) -> dict[str, str]:

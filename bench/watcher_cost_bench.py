@@ -106,7 +106,7 @@ class LocalAs:
     def exec(self, argv: Sequence[str], *, stdin: bytes | None = None, **_: Any) -> _Result:
         result = self._run(argv, stdin)
         if result.rc != 0:
-            from nodes.slurm.errors import SlurmCommandError
+            from slurm.errors import SlurmCommandError
 
             raise SlurmCommandError(result.stderr[:300], argv=list(argv), rc=result.rc)
         return result

@@ -59,8 +59,8 @@ def main() -> int:
     from django.db import connection
 
     from jobs.models import Job
-    from nodes.cluster_access import transport_for
-    from nodes.slurm.transport import close_all
+    from nodes.access.cluster import transport_for
+    from slurm.transport import close_all
 
     assert not settings.DEBUG, "DEBUG keeps every query: not what a worker runs"
     dc = lib.devcluster()

@@ -61,7 +61,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db.models import Count, OuterRef, Q, Subquery
+from django.db.models import Count, Q
 from django.db.models.functions import Coalesce
 from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
@@ -79,10 +79,11 @@ from core import cache, worker_stats
 from core.ratelimit import client_address
 from drills.models import RestoreDrill
 from health.selectors import FleetHealth, fleet_health
+from jobs import checkpoint_state
 from jobs.goodput import ledger as goodput
 from jobs.goodput.fleet import goodput_by_cluster
 from jobs.goodput.work_at_risk import ClusterRisk, work_at_risk, work_at_risk_by_cluster
-from jobs.models import Checkpoint, Job
+from jobs.models import Job
 from nodes.models import Cluster
 from recovery.selectors import incident_counts, suspect_counts
 
@@ -173,9 +174,7 @@ def fleet_snapshot() -> FleetSnapshot:
         key = (drill_row["cluster_key"], drill_row["state"], verdict)
         snapshot.drills[key] = drill_row["count"]
     # The same "proven" as the drills page: the running job's newest checkpoint passed a drill.
-    newest_proven = Subquery(
-        Checkpoint.objects.filter(job=OuterRef("pk")).order_by("-step").values("last_proven_at")[:1]
-    )
+    newest_proven = checkpoint_state.newest_checkpoint_proof()
     running = (
         Job.objects.order_by()
         .filter(state=Job.State.RUNNING)

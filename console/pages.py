@@ -19,8 +19,8 @@ from nodes.models import Cluster, Node
 from nodes.placement import placement_quality
 from nodes.placement_service import placement_inputs
 from nodes.selectors import cluster_list, switch_tree
-from nodes.slurm.hostlist import expand
 from recovery.selectors import node_incidents
+from slurm.hostlist import expand
 
 # How far back the node page lists the jobs that ended on the node.
 NODE_RECENT_JOB_DAYS = 7

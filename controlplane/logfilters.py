@@ -13,7 +13,7 @@ _CHATTY = (
     "celery.app.trace",  # "Task ... succeeded in 0.01s"
     "celery.worker.consumer",  # heartbeats, mingle, gossip
     "django.server",  # "GET /jobs/.../status/ 200" every poll; 4xx/5xx are warnings
-    "nodes.slurm.transport",  # idle SSH connections closed
+    "slurm.transport",  # idle SSH connections closed
 )
 
 

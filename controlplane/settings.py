@@ -216,7 +216,7 @@ CELERY_TASK_ALWAYS_EAGER = False
 # run one worker per queue (README, Production).
 CELERY_TASK_DEFAULT_QUEUE = "celery"
 NOTIFICATIONS_QUEUE = "notifications"
-# Certificates for the web processes (nodes.signer): a queue of its own, so a page waits
+# Certificates for the web processes (nodes.access.signer): a queue of its own, so a page waits
 # for a signature, not behind a job submission; production may give it a worker of its own.
 SIGNER_QUEUE = "signer"
 # Each bound by its own name: left out, Celery binds every queue with the default routing
@@ -263,11 +263,11 @@ CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
 SSH_DIR = DATA_DIR / "ssh"
 SSH_CONNECT_TIMEOUT = envint("GANTRY_SSH_CONNECT_TIMEOUT", 10, minimum=1)
 SSH_COMMAND_TIMEOUT = envint("GANTRY_SSH_COMMAND_TIMEOUT", 60, minimum=1)
-# Per-user identities (nodes.identities): how long a certificate Gantry signs for a cluster
+# Per-user identities (nodes.access.identities): how long a certificate Gantry signs for a cluster
 # account is valid, and the SSH connection pool of each worker process (one connection per
 # identity in use, closed when idle; at most so many open to one login node).
 SSH_CERTIFICATE_MINUTES = envint("GANTRY_SSH_CERT_MINUTES", 10, minimum=1, maximum=1440)
-# Who reads the user CA's private key in this process (nodes.signer): "local" (the Celery
+# Who reads the user CA's private key in this process (nodes.access.signer): "local" (the Celery
 # workers, manage.py) signs with it; "signer" (the web processes: make run and the README's
 # gunicorn line set it) never opens it and asks the signer queue for each certificate.
 CA_KEY_ACCESS = envstr("GANTRY_CA_KEY_ACCESS", "local").strip().lower()

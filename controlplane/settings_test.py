@@ -15,9 +15,20 @@ os.environ.setdefault(
     "GANTRY_DATA_DIR",
     os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "var", "test-data"),
 )
+# A pytest-xdist worker (and every process it starts, which inherit its environment) gets a
+# run of its own: broker key prefix and data directory (keys, the cluster's user CA), as its
+# test database is its own. GANTRY_TEST_RUN_WORKER says which worker set them, so a process
+# a worker starts keeps its worker's and a new worker never inherits the controller's.
+_XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+if _XDIST_WORKER and os.environ.get("GANTRY_TEST_RUN_WORKER") != _XDIST_WORKER:
+    os.environ["GANTRY_TEST_RUN_WORKER"] = _XDIST_WORKER
+    os.environ["GANTRY_TEST_RUN_ID"] = f"run{os.getpid()}"
+    os.environ["GANTRY_DATA_DIR"] = os.path.join(
+        os.environ["GANTRY_DATA_DIR"], f"xdist-{_XDIST_WORKER}"
+    )
 
-from controlplane.settings import *  # noqa: F403
-from controlplane.settings import DATA_DIR
+from controlplane.settings import *  # noqa: E402, F403
+from controlplane.settings import DATA_DIR  # noqa: E402
 
 if "DATABASE_URL" not in os.environ:
     DATABASES = {

@@ -15,7 +15,7 @@ logger = logging.getLogger(__name__)
 PING = "core.ping"
 CLUSTER_SYNC = "nodes.cluster_sync"
 CLUSTERS_SYNC_DUE = "nodes.clusters_sync_due"
-# The signer queue's (nodes.signer): certificates and the CA's public key for web processes.
+# The signer queue's (nodes.access.signer): certificates and the CA's public key for web processes.
 USER_CERTIFICATE_SIGN = "nodes.user_certificate_sign"
 USER_CA_ENSURE = "nodes.user_ca_ensure"
 JOB_SUBMIT = "jobs.submit"

@@ -45,11 +45,11 @@ import posixpath
 
 from drills.models import RestoreDrill
 from jobs.models import Checkpoint
-from nodes.cluster_access import transport_as, transport_for
+from nodes.access.cluster import transport_as, transport_for
 from nodes.models import Cluster, ClusterIdentity
-from nodes.slurm.errors import SftpError
-from nodes.slurm.transport import SshTransport
 from runs.runtime import UserAreaError, user_area, user_area_ensure
+from slurm.errors import SftpError
+from slurm.transport import SshTransport
 from trainer.schema import Reason
 
 # How long the grant's setfacl may take on a large checkpoint (one entry per file).

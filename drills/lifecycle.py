@@ -30,11 +30,8 @@ from drills.verdicts import (
     verdict_of_code,
     verdict_of_report,
 )
-from jobs.models import Checkpoint
-from nodes.cluster_access import transport_as, transport_for
-from nodes.slurm import errors as slurm_errors
-from nodes.slurm.parsers import SlurmJob
-from nodes.slurm.transport import SshTransport
+from jobs import checkpoint_state
+from nodes.access.cluster import transport_as, transport_for
 from runs.lifecycle import Phase, SlurmLifecycle, WontSubmit, slurm_phase
 from runs.runtime import (
     EnvironmentRefused,
@@ -45,6 +42,9 @@ from runs.runtime import (
     user_area,
 )
 from runs.trainers import TrainerUnavailable, trainer_version_ensure
+from slurm import errors as slurm_errors
+from slurm.parsers import SlurmJob
+from slurm.transport import SshTransport
 from trainer.schema import Reason, json_digest
 
 REFERENCE_NAME = "reference.json"
@@ -252,21 +252,12 @@ class DrillLifecycle(SlurmLifecycle[RestoreDrill]):
             if not self.transition(drill, RestoreDrill.State.FINISHED, **values):
                 return False
             if verdict.proves and drill.is_attested:
-                Checkpoint.objects.filter(pk=drill.checkpoint_id).update(
-                    last_proven_at=now,
-                    integrity=Checkpoint.Integrity.OK,
-                    integrity_detail="",
-                    integrity_checked_at=now,
-                )
+                checkpoint_state.checkpoint_proof_record(checkpoint_id=drill.checkpoint_id, now=now)
             elif verdict.blocks_resume:
-                Checkpoint.objects.filter(pk=drill.checkpoint_id).update(
-                    integrity=Checkpoint.Integrity.FAILED,
-                    integrity_detail=f"drill failed [{verdict.reason_code}]: {verdict.reason}"[
-                        :2000
-                    ],
-                    integrity_checked_at=now,
-                    # An earlier pass no longer stands: the checkpoint is damaged now.
-                    last_proven_at=None,
+                checkpoint_state.checkpoint_proof_void(
+                    checkpoint_id=drill.checkpoint_id,
+                    detail=f"drill failed [{verdict.reason_code}]: {verdict.reason}",
+                    now=now,
                 )
         return True
 
@@ -319,9 +310,7 @@ class DrillLifecycle(SlurmLifecycle[RestoreDrill]):
         if _retention_removed_it(obj, report, owner):
             # The whole directory is gone: the trainer's retention rotated the checkpoint
             # out while the drill ran. That says nothing about the checkpoint itself.
-            Checkpoint.objects.filter(pk=obj.checkpoint_id, deleted_at__isnull=True).update(
-                deleted_at=now
-            )
+            checkpoint_state.checkpoint_retire(checkpoint_id=obj.checkpoint_id, now=now)
             return self.end_with_error(
                 obj,
                 reason="the checkpoint was removed by the trainer's retention "

@@ -6,13 +6,14 @@ from typing import Any
 from uuid import UUID
 
 from django.core.exceptions import ValidationError
-from django.db.models import Count, Max, OuterRef, QuerySet, Subquery
+from django.db.models import Count, Max, QuerySet
 from django.http import Http404
 
 from core.errors import FieldError
 from core.types import MaybeUser
 from drills.models import RestoreDrill
 from drills.reference import recorded_trainer_digest
+from jobs import checkpoint_state
 from jobs.models import Checkpoint, Job
 from jobs.selectors import job_list_for_user
 
@@ -66,9 +67,7 @@ def drill_fleet_health(*, user: MaybeUser) -> dict[str, Any]:
     """Share of running jobs whose newest checkpoint is proven, recent failures,
     the time-to-restore distribution and drills in flight. Passes and restore times count
     verifier-attested drills only (a self-attested one is the owner's word, counted apart)."""
-    newest_proven = Subquery(
-        Checkpoint.objects.filter(job=OuterRef("pk")).order_by("-step").values("last_proven_at")[:1]
-    )
+    newest_proven = checkpoint_state.newest_checkpoint_proof()
     running_jobs = job_list_for_user(user=user).filter(state=Job.State.RUNNING)
     running = running_jobs.count()
     proven = (
@@ -93,8 +92,8 @@ def drill_fleet_health(*, user: MaybeUser) -> dict[str, Any]:
         .values_list("load_s", flat=True)[:500]
     )
     in_flight = list(drills.filter(state__in=RestoreDrill.ACTIVE_STATES).order_by("created_at"))
-    proven_checkpoints = Checkpoint.objects.filter(
-        last_proven_at__isnull=False, job__in=job_list_for_user(user=user)
+    proven_checkpoints = checkpoint_state.proven(
+        Checkpoint.objects.filter(job__in=job_list_for_user(user=user))
     ).count()
     return {
         "running_jobs": running,

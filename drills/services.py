@@ -26,9 +26,10 @@ from drills.lifecycle import DRILLS
 from drills.models import RestoreDrill
 from drills.reference import has_fingerprint, losses_logged, next_checkpoint_step
 from drills.verdicts import registration_mismatch
+from jobs import checkpoint_state
 from jobs.models import Checkpoint, Job, StateFingerprint
 from jobs.validation import JobRequest, job_request_validate
-from nodes.cluster_access import transport_for
+from nodes.access.cluster import transport_for
 from runs.runtime import trainer_ensure_uploaded
 from trainer.schema import Reason
 
@@ -318,15 +319,14 @@ def checkpoint_verify(*, checkpoint_id: int) -> Checkpoint:
         reason = f"[{Reason.NOT_AS_REGISTERED}] {reason}"
     elif swapped is not None:
         reason = f"[{Reason.NOT_AS_REGISTERED}] {swapped}"
-    checked = Checkpoint.objects.filter(pk=checkpoint.pk)
-    if ok and not attested:
-        # A failed check stays failed on the owner's word (drills.attestation).
-        checked = checked.exclude(integrity=Checkpoint.Integrity.FAILED)
-    checked.update(
-        integrity=Checkpoint.Integrity.OK if ok else Checkpoint.Integrity.FAILED,
-        integrity_detail="" if ok else str(reason)[:2000],
-        integrity_checked_at=timezone.now(),
-        integrity_report=report,
+    # A failed check stays failed on the owner's word (drills.attestation).
+    checkpoint_state.checkpoint_integrity_record(
+        checkpoint_id=checkpoint.pk,
+        ok=ok,
+        detail=str(reason),
+        report=report,
+        attested=attested,
+        now=timezone.now(),
     )
     checkpoint.refresh_from_db()
     return checkpoint

@@ -14,7 +14,7 @@ from drills.services import (
     restore_drill_submit_gave_up,
     restore_drill_submit_to_slurm,
 )
-from nodes.slurm.errors import TRANSIENT_ERRORS
+from slurm.errors import TRANSIENT_ERRORS
 
 
 @shared_task(

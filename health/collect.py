@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from health.document import MAX_DOCUMENT_BYTES
-from nodes.slurm.client import CommandRunner as ExecTransport
-from nodes.slurm.errors import SlurmError
+from slurm.client import CommandRunner as ExecTransport
+from slurm.errors import SlurmError
 
 PROGRAM = (Path(__file__).resolve().parent / "collect_program.py").read_text()
 # Files per collection (in name order), bytes per file, bytes of content per answer.

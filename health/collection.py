@@ -39,7 +39,7 @@ from health.collect import ExecTransport, ProbeFile, ProbeFiles, fetch_probe_fil
 from health.models import HealthSource, NodeHealth
 from health.services import STALE_REASON, node_health_unknown, probe_record
 from nodes.models import HealthState, Node
-from nodes.slurm.errors import SlurmError
+from slurm.errors import SlurmError
 
 logger = logging.getLogger(__name__)
 
@@ -144,7 +144,7 @@ class _Recorder:
 
 def _fetch(source: HealthSource, transport: ExecTransport | None) -> ProbeFiles:
     if transport is None:
-        from nodes.cluster_access import transport_for
+        from nodes.access.cluster import transport_for
 
         transport = transport_for(source.cluster)
     return fetch_probe_files(

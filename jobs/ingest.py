@@ -16,6 +16,7 @@ from typing import Any
 
 from django.db import connection, transaction
 
+from jobs import checkpoint_state
 from jobs.lifecycle import job_event
 from jobs.metric_retention import rollups_invalidate_from, stored_totals
 from jobs.models import Checkpoint, Job, JobEvent, MetricPoint, StateFingerprint
@@ -496,10 +497,10 @@ def checkpoint_register(
     # The fingerprint is kept once, in its own table (the manifest's copy is dropped).
     fingerprint = manifest.pop("fingerprint", None)
     fingerprint_store(job=job, step=step, data=fingerprint, source=StateFingerprint.Source.MANIFEST)
-    checkpoint, created_now = Checkpoint.objects.get_or_create(
+    checkpoint = checkpoint_state.checkpoint_register(
         job=job,
         step=step,
-        defaults={
+        values={
             "path": manifest_path.rsplit("/", 1)[0],
             "size_bytes": size,
             "file_count": len(files),
@@ -510,7 +511,7 @@ def checkpoint_register(
             "saved_at": saved_at,
         },
     )
-    if created_now:
+    if checkpoint is not None:
         job_event(
             job,
             JobEvent.Kind.CHECKPOINT,

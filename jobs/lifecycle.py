@@ -13,9 +13,7 @@ from django.utils import timezone
 from controlplane.tasknames import JOB_SUBMIT
 from jobs.models import Job, JobEvent
 from jobs.script import job_script_spec
-from nodes.cluster_access import transport_for
-from nodes.slurm.parsers import SlurmJob
-from nodes.slurm.transport import SshTransport
+from nodes.access.cluster import transport_for
 from runs.events import RunEventKind
 from runs.lifecycle import SlurmLifecycle, WontSubmit, slurm_phase
 from runs.runtime import (
@@ -28,6 +26,8 @@ from runs.runtime import (
     user_area_ensure,
 )
 from runs.trainers import archive_current
+from slurm.parsers import SlurmJob
+from slurm.transport import SshTransport
 from trainer.schema import Reason
 
 _NO_NODES = ("None assigned", "(null)")

@@ -192,7 +192,7 @@ class Job(SlurmTracked):
 
     @property
     def allocated_node_names(self) -> list[str]:
-        from nodes.slurm.hostlist import expand
+        from slurm.hostlist import expand
 
         try:
             return expand(self.allocated_nodes) if self.allocated_nodes else []

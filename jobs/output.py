@@ -21,9 +21,9 @@ from django.http.response import HttpResponseBase
 from core.errors import ApplicationError
 from jobs.lifecycle import JOBS
 from jobs.models import Job
-from nodes.slurm import commands as slurm_commands
-from nodes.slurm import errors as slurm_errors
 from runs.lifecycle import slurm_error_as_application_error
+from slurm import commands as slurm_commands
+from slurm import errors as slurm_errors
 
 # Bytes per SFTP read while streaming: the web process never holds more than this (twice,
 # while the pieces are joined). Each read sends all its 32 KiB requests at once, so a

@@ -23,11 +23,11 @@ from jobs.pending import pending_reason, pending_reason_parts
 from jobs.selectors import job_queue_position
 from nodes.models import Cluster
 from nodes.services import cluster_reconcile_soon
-from nodes.slurm import errors as slurm_errors
-from nodes.slurm.client import SlurmClient
-from nodes.slurm.errors import describe_cluster_error
-from nodes.slurm.parsers import queue_places
 from runs.lifecycle import slurm_error_as_application_error
+from slurm import errors as slurm_errors
+from slurm.client import SlurmClient
+from slurm.errors import describe_cluster_error
+from slurm.parsers import queue_places
 
 # Slurm's reason codes of a held job (lower case).
 HELD_CODES = frozenset({"jobhelduser", "jobheldadmin", "held"})

@@ -18,7 +18,7 @@ from jobs.validation import JobRequest, job_request_validate
 from nodes.models import Cluster, Node
 from nodes.placement import Placement, PlacementCheck, placement_quality
 from nodes.placement_service import placement_advice, placement_inputs, placement_request
-from nodes.slurm.hostlist import compress, expand
+from slurm.hostlist import compress, expand
 
 
 def busy_nodes_free_at(cluster: Cluster) -> dict[str, datetime]:

@@ -19,16 +19,17 @@ from typing import Any
 from django.db.models import Q
 from django.utils import timezone
 
+from jobs import checkpoint_state
 from jobs.ingest import checkpoint_register, metrics_ingest
 from jobs.lifecycle import job_event
 from jobs.models import Checkpoint, Job, JobEvent
 from jobs.stack_change import stack_changes
-from nodes.cluster_access import transport_as
+from nodes.access.cluster import transport_as
 from nodes.models import Cluster
-from nodes.slurm import errors as slurm_errors
 from runs.rundir import RunDirectories, RunDirectory
 from runs.rundir_batch import FileRead, FileRequest
 from runs.runtime import run_dir
+from slurm import errors as slurm_errors
 
 logger = logging.getLogger(__name__)
 
@@ -101,12 +102,12 @@ def _read_run_files(
         if acceptance is not None:
             acceptance_store(job, acceptance)
     present = {path.rsplit("/", 2)[-2] for path in files.manifests}
-    for step_name in sorted(known_steps - present):
-        # The trainer's retention (checkpoint_keep) deleted it: keep the row, say so.
-        step_number = int(step_name.split("-")[1])
-        Checkpoint.objects.filter(job=job, step=step_number, deleted_at__isnull=True).update(
-            deleted_at=timezone.now()
-        )
+    # The trainer's retention (checkpoint_keep) deleted these: keep the rows, say so.
+    checkpoint_state.checkpoints_retire(
+        job=job,
+        steps=[int(name.split("-")[1]) for name in sorted(known_steps - present)],
+        now=timezone.now(),
+    )
     for manifest_path in files.manifests:
         step_dir = manifest_path.rsplit("/", 2)[-2]
         if step_dir in known_steps:

@@ -38,7 +38,7 @@ from jobs.goodput.selectors import job_goodput as job_goodput
 from jobs.metric_series import downsampled_series, ranged_series
 from jobs.models import Checkpoint, Job, MetricPoint
 from nodes.models import Node
-from nodes.slurm.hostlist import expand
+from slurm.hostlist import expand
 
 
 def job_list_for_user(*, user: MaybeUser) -> QuerySet[Job]:

@@ -23,11 +23,11 @@ from jobs.models import Checkpoint, Job, JobEvent
 from jobs.recovery_settings import recovery_overrides_validate
 from jobs.script import job_script
 from jobs.validation import JobRequest, job_request_validate, validate_environment
-from nodes.cluster_access import transport_as
-from nodes.identities import cluster_account_for
-from nodes.slurm import errors as slurm_errors
+from nodes.access.cluster import transport_as
+from nodes.access.identities import cluster_account_for
 from runs.lifecycle import slurm_error_as_application_error
 from runs.runtime import run_dir
+from slurm import errors as slurm_errors
 
 
 def _job_from_request(

@@ -9,7 +9,7 @@ from celery import shared_task
 from controlplane.tasknames import JOB_SUBMIT, METRICS_ROLLUP
 from jobs.metric_retention import metrics_rollup_due
 from jobs.services import job_submit_gave_up, job_submit_to_slurm
-from nodes.slurm.errors import TRANSIENT_ERRORS
+from slurm.errors import TRANSIENT_ERRORS
 
 
 @shared_task(

@@ -16,8 +16,8 @@ from jobs.recovery_settings import recovery_overrides_validate
 from nodes.environment import NAME as ENV_NAME
 from nodes.environment import environment_name_refused
 from nodes.models import Cluster, Gpu, Node, Partition
-from nodes.slurm import commands as slurm_commands
-from nodes.slurm.hostlist import expand
+from slurm import commands as slurm_commands
+from slurm.hostlist import expand
 from trainer.config import ConfigError
 from trainer.config import validate as trainer_config_validate
 

@@ -11,7 +11,7 @@ from django.http import HttpRequest
 from core.access import request_user
 from core.admin_helpers import ServiceDeleteMixin, admin_changelist_link, admin_link
 from core.errors import ApplicationError
-from nodes.identity_admin import ClusterIdentityActions, ClusterIdentityAdmin
+from nodes.access.admin import ClusterIdentityActions, ClusterIdentityAdmin
 from nodes.models import Cluster, Gpu, Link, Node, NodeEvent, Partition, Switch
 from nodes.registration import cluster_register
 from nodes.services import (
@@ -22,7 +22,7 @@ from nodes.services import (
     node_resume,
 )
 
-# ClusterIdentityAdmin registers itself on import (nodes.identity_admin).
+# ClusterIdentityAdmin registers itself on import (nodes.access.admin).
 __all__ = ["ClusterAdmin", "ClusterIdentityAdmin"]
 
 # What Slurm owns: shown, never edited by hand (the next sync would undo it anyway).

@@ -17,7 +17,7 @@ from rest_framework.views import APIView
 from core.access import request_user
 from core.api import CursorPagination
 from core.permissions import IsOperator, IsResearcherOrOperator
-from nodes.identities import sshd_config_line
+from nodes.access.identities import sshd_config_line
 from nodes.models import Cluster, Gpu, Node, Partition
 from nodes.registration import cluster_probe, cluster_register
 from nodes.selectors import cluster_list, node_list, switch_tree

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from django.urls import URLPattern, path
 
-from nodes import api, identity_api
+from nodes import api
+from nodes.access import api as identity_api
 
 urlpatterns: list[URLPattern] = [
     path("clusters/", api.ClusterListApi.as_view(), name="cluster-list"),
@@ -15,7 +16,7 @@ urlpatterns: list[URLPattern] = [
     ),
     path("clusters/<int:cluster_id>/probe/", api.ClusterProbeApi.as_view(), name="cluster-probe"),
     path("clusters/<int:cluster_id>/sync/", api.ClusterSyncApi.as_view(), name="cluster-sync"),
-    # Per-user identities (nodes.identity_api).
+    # Per-user identities (nodes.access.api).
     path(
         "clusters/<int:cluster_id>/user-ca/",
         identity_api.ClusterUserCaApi.as_view(),

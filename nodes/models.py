@@ -15,7 +15,7 @@ from django.db import models
 from django.db.models import Q
 
 from nodes.environment import extra_allowed_problems
-from nodes.slurm.certificates import check_source_addresses
+from slurm.certificates import check_source_addresses
 
 slug_validator = RegexValidator(
     r"^[a-z0-9][a-z0-9-]{0,62}$",
@@ -140,7 +140,7 @@ class Cluster(models.Model):
     accounting_error = models.TextField(blank=True)
     accounting_failing_since = models.DateTimeField(null=True, blank=True)
 
-    # How Gantry acts for a user on this cluster (see nodes.identities). Rows that existed
+    # How Gantry acts for a user on this cluster (see nodes.access.identities). Rows that existed
     # before per-user identities were migrated to CERTIFICATE: fail closed, nobody submits
     # until an operator maps them (or opts this cluster into SERVICE_ACCOUNT explicitly).
     user_auth = models.CharField(

@@ -21,15 +21,15 @@ from controlplane.tasknames import CLUSTER_SYNC, task_send
 from core.audit import AuditAction, audit_event_record
 from core.errors import ApplicationError, FieldError
 from core.types import Actor, User
-from nodes.cluster_access import cluster_key_dir, slurm_client_for, write_private_file
-from nodes.identities import cluster_user_ca_ensure
+from nodes.access.cluster import cluster_key_dir, slurm_client_for, write_private_file
+from nodes.access.identities import cluster_user_ca_ensure
 from nodes.models import Cluster
-from nodes.slurm import errors as slurm_errors
-from nodes.slurm.errors import describe_cluster_error
-from nodes.slurm.hostkeys import HostKeyInfo, fetch_host_key
-from nodes.slurm.parsers import ClusterInfo
-from nodes.slurm.transport import close_all
 from nodes.sync import apply_partitions
+from slurm import errors as slurm_errors
+from slurm.errors import describe_cluster_error
+from slurm.hostkeys import HostKeyInfo, fetch_host_key
+from slurm.parsers import ClusterInfo
+from slurm.transport import close_all
 
 KEY_FILE_NAME = "id_key"
 _HOST_LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")
@@ -263,7 +263,7 @@ def cluster_register(
     succeeds; the audit event records how the key came to be trusted. Safe to re-run with
     ``update_existing`` (the dev cluster is registered on every ``make run``).
 
-    ``user_auth``: how Gantry acts as users there (``nodes.identities``); a new cluster
+    ``user_auth``: how Gantry acts as users there (``nodes.access.identities``); a new cluster
     gets ``certificate`` and its user CA, an existing one keeps its mode unless given.
     ``service_account`` is the explicit opt-in to the legacy single-account mode.
     """

@@ -19,12 +19,12 @@ from core.audit import AuditAction, audit_event_record
 from core.errors import ApplicationError, FieldError
 from core.roles import is_operator
 from core.types import User
-from nodes.cluster_access import slurm_client_for, ssh_dir
+from nodes.access.cluster import slurm_client_for, ssh_dir
 from nodes.models import Cluster, Node, NodeEvent
-from nodes.slurm import errors as slurm_errors
-from nodes.slurm.errors import describe_cluster_error
-from nodes.slurm.parsers import SlurmNode
 from nodes.sync import node_state
+from slurm import errors as slurm_errors
+from slurm.errors import describe_cluster_error
+from slurm.parsers import SlurmNode
 
 _CONTROL_CHARACTERS = re.compile(r"[\x00-\x1f\x7f]")
 

@@ -17,11 +17,11 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from nodes.cluster_access import slurm_client_for
+from nodes.access.cluster import slurm_client_for
 from nodes.models import Cluster, Gpu, Link, Node, NodeEvent, Partition, Switch
-from nodes.slurm import errors as slurm_errors
-from nodes.slurm.errors import describe_cluster_error
-from nodes.slurm.parsers import Inventory, SlurmNode
+from slurm import errors as slurm_errors
+from slurm.errors import describe_cluster_error
+from slurm.parsers import Inventory, SlurmNode
 
 logger = logging.getLogger(__name__)
 

@@ -16,8 +16,8 @@ from controlplane.tasknames import (
     USER_CA_ENSURE,
     USER_CERTIFICATE_SIGN,
 )
+from nodes.access.signer import user_ca_public_key, user_certificate_sign
 from nodes.models import Cluster
-from nodes.signer import user_ca_public_key, user_certificate_sign
 from nodes.sync import cluster_sync
 
 logger = logging.getLogger(__name__)
@@ -64,7 +64,8 @@ def clusters_sync_due() -> int:
 def user_certificate_sign_task(
     *, cluster: str, account: str, public_key: str, purpose: str
 ) -> dict[str, object]:
-    """A certificate for a web process's key (``nodes.signer``). Read-only: safe to repeat."""
+    """A certificate for a web process's key (``nodes.access.signer``). Read-only: safe to
+    repeat."""
     return user_certificate_sign(
         cluster=cluster, account=account, public_key=public_key, purpose=purpose
     )
@@ -72,5 +73,5 @@ def user_certificate_sign_task(
 
 @shared_task(name=USER_CA_ENSURE, time_limit=20, soft_time_limit=15)
 def user_ca_ensure_task(*, cluster_id: int) -> dict[str, object]:
-    """The user CA's public key, made if missing (``nodes.signer``). Safe to repeat."""
+    """The user CA's public key, made if missing (``nodes.access.signer``). Safe to repeat."""
     return user_ca_public_key(cluster_id=cluster_id)

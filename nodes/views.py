@@ -22,7 +22,7 @@ from core.access import request_user
 from core.conditional import etag_for, not_modified, revalidate
 from core.errors import ApplicationError
 from core.roles import is_operator
-from nodes.identities import (
+from nodes.access.identities import (
     cluster_identity_for_user,
     cluster_identity_list,
     sshd_config_lines,

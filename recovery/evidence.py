@@ -18,8 +18,8 @@ shown) in front of operators, who decide.
 from __future__ import annotations
 
 from jobs.models import Job
-from nodes.slurm.hostlist import expand
 from runs.rundir import RunDirectory
+from slurm.hostlist import expand
 
 # A heartbeat this much older than the freshest one of the same job is stale: the trainer
 # rewrites it every 2 s (``trainer.heartbeat.INTERVAL_S``); file times have 1 s steps.

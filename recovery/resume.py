@@ -15,14 +15,15 @@ from core.audit import AuditAction, audit_event_record
 from core.errors import ApplicationError
 from drills.models import RestoreDrill
 from drills.services import restore_drill_start
+from jobs import checkpoint_state
 from jobs.goodput.ledger import job_gpus
 from jobs.lifecycle import job_event
 from jobs.models import Checkpoint, Job, JobEvent, MetricPoint
 from jobs.recovery_settings import RecoverySettings
 from jobs.services import job_resume
-from nodes.slurm.hostlist import expand, natural_key
 from recovery.incidents import incident_move, lineage_jobs, lineage_suspicions
 from recovery.models import Incident
+from slurm.hostlist import expand, natural_key
 
 logger = logging.getLogger(__name__)
 
@@ -78,7 +79,7 @@ def choose_checkpoint(incident: Incident, job: Job, now: datetime) -> Checkpoint
     lineage = lineage_jobs(incident.lineage_root)
     on_cluster = Checkpoint.objects.filter(job__in=lineage, deleted_at__isnull=True)
     _note_failed_integrity(incident, on_cluster)
-    found = on_cluster.exclude(integrity=Checkpoint.Integrity.FAILED)
+    found = checkpoint_state.usable(on_cluster)
     trusted_below = divergence_bound(job, _first_bad_step(incident, job))
     if trusted_below is not None:
         # Saved at or after the last step that showed the weights finite: may hold the NaN.

@@ -38,8 +38,8 @@ from core.audit import AuditAction, audit_event_record
 from drills.models import RestoreDrill
 from jobs.models import Checkpoint, MetricPoint, StateFingerprint
 from nodes.models import Cluster, Node
-from nodes.slurm.hostlist import expand
 from recovery.models import SuspectNode
+from slurm.hostlist import expand
 from trainer.schema import Reason
 
 logger = logging.getLogger(__name__)

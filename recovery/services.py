@@ -28,7 +28,6 @@ from jobs.models import Job, JobEvent, MetricPoint
 from jobs.recovery_settings import OnHang, RecoverySettings
 from jobs.stragglers import STRAGGLER_MARGIN, stragglers
 from nodes.models import Cluster, Node
-from nodes.slurm.hostlist import expand
 from nodes.tasks import cluster_sync_task
 from recovery.detect import (
     SPIKE_PERSIST,
@@ -45,6 +44,7 @@ from recovery.incidents import incident_move, job_recovery_settings, lineage_roo
 from recovery.models import Incident, JobProgress, RecoveryPolicy, SuspectNode
 from recovery.resume import resume_on_proof
 from runs.rundir import RunDirectory
+from slurm.hostlist import expand
 
 logger = logging.getLogger(__name__)
 

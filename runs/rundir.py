@@ -29,9 +29,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from nodes.slurm import errors as slurm_errors
-from nodes.slurm.transport import SshTransport
 from runs.rundir_batch import BatchReader, FileRead, FileRequest, Target
+from slurm import errors as slurm_errors
+from slurm.transport import SshTransport
 
 logger = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ login node, so nearly every one is a new login) and 200 listings. Instead:
   it grants the cluster's service account (``Cluster.ssh_user``, the login Gantry's own
   squeue/sacct use) ``rX`` on them with a POSIX access ACL and a default ACL, so what the
   trainer writes there later is readable by it too. Researchers are never the service
-  account (``nodes.cluster_access.ssh_config_as`` refuses to act as it for a user), so they
+  account (``nodes.access.cluster.ssh_config_as`` refuses to act as it for a user), so they
   still cannot read one another's files. A group with read access would have done the same
   for reading, but every researcher's files would then carry that group, which a researcher
   in it (a cluster admin adding one by mistake) could read; the named ACL entry names one
@@ -51,9 +51,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nodes.slurm.client import CommandRunner as ExecTransport
-from nodes.slurm.errors import SlurmError
 from runs.runtime import user_area
+from slurm.client import CommandRunner as ExecTransport
+from slurm.errors import SlurmError
 
 # The program, shipped as text with each command (about 10 kB).
 PROGRAM = (Path(__file__).resolve().parent / "rundir_program.py").read_text()

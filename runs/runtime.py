@@ -19,7 +19,7 @@ from typing import Protocol
 import trainer
 from nodes.environment import NAME as ENV_NAME
 from nodes.environment import environment_name_refused
-from nodes.slurm.errors import SftpError
+from slurm.errors import SftpError
 
 logger = logging.getLogger(__name__)
 

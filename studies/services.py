@@ -22,7 +22,7 @@ from core.types import User
 from jobs.placement import job_request_with_advice
 from jobs.services import job_submit
 from jobs.validation import JobRequest, job_request_validate
-from nodes.identities import cluster_account_for
+from nodes.access.identities import cluster_account_for
 from nodes.models import Cluster
 from nodes.placement_service import placement_as_dict
 from studies.models import ScalingStudy, StudyPoint

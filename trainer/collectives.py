@@ -23,7 +23,7 @@ from typing import Any
 import torch
 import torch.distributed as tdist
 
-from . import dist
+from . import dist, faults
 from .schema import COLLECTIVE_DTYPES, COLLECTIVE_OPS, COLLECTIVES_SCHEMA
 
 OPS = COLLECTIVE_OPS
@@ -38,7 +38,6 @@ CHECK_OVERHEAD_BYTES = CHECK_CHUNK * 32  # index, expected, comparison temporari
 ROOT = 0
 EXIT_OK, EXIT_FAILED, EXIT_INPUT, EXIT_INCONCLUSIVE = 0, 1, 2, 5
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-FAULT_ENV = "TRAINER_FAULT"  # test-only: collective_corrupt@OP
 
 
 class OptionError(ValueError):
@@ -288,11 +287,6 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _corrupt_op() -> str | None:
-    spec = os.environ.get(FAULT_ENV, "")
-    return spec.split("@", 1)[1] if spec.startswith("collective_corrupt@") else None
-
-
 def run_case(case: Case, opts: Options, device: torch.device) -> tuple[float, Check]:
     """First call checked (untimed), ``warmup`` calls, ``iters`` timed calls between a barrier
     plus device sync and a device sync, then the buffers checked again. In-place all-reduce
@@ -301,7 +295,7 @@ def run_case(case: Case, opts: Options, device: torch.device) -> tuple[float, Ch
     pat, check = case.pattern, Check()
     case.call()
     _sync(device)
-    if _corrupt_op() == case.op and pat.rank == pat.world - 1:
+    if faults.corrupt_collective_op() == case.op and pat.rank == pat.world - 1:
         case.result.view(-1)[0] = -1  # test-only: a wrong value (no pattern is negative)
     case.check_after(check, "first")
     if case.op == "all_reduce":

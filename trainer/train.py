@@ -15,11 +15,11 @@ from typing import Any
 import torch
 
 from . import checkpoint as ck
-from . import dist
+from . import dist, faults
 from .config import Config, validate
 from .heartbeat import Heartbeat
 from .metrics import MetricsWriter
-from .schema import ACCEPTANCE_SCHEMA, EXIT_RANK_FAULT, Event, manifest_digest
+from .schema import ACCEPTANCE_SCHEMA, Event, manifest_digest
 from .session import Session
 
 EXIT_OK, EXIT_FAILED, EXIT_INPUT = 0, 1, 2
@@ -248,10 +248,13 @@ class TrainLoop:
             result = session.train_step()
             self.loss = result["loss"]
             step = session.step
-            if not self.resumed and ck.fault_at("nan_weights", step):
-                poison_weights(session)
-            if not self.resumed:
-                exit_rank_fault(self.env, step)
+            faults.after_step(
+                model=session.model,
+                rank=self.env.rank,
+                world_size=self.env.world_size,
+                step=step,
+                resumed=self.resumed,
+            )
             blocking = self._maybe_checkpoint(step)
             if len(self.writer.errors) > self.reported_errors:
                 self.report_checkpoint_errors()
@@ -291,44 +294,6 @@ class TrainLoop:
         if self.max_seconds is None:
             return False
         return bool(dist.broadcast_object(elapsed >= self.max_seconds))
-
-
-def poison_weights(session: Session) -> None:
-    """Test-only fault (``TRAINER_FAULT=nan_weights@STEP``): one weight of the model becomes
-    NaN after that step's update, as a silent corruption would make it; the losses of the
-    steps after it are NaN for real, and so are the checkpoints saved after it."""
-    with torch.no_grad():
-        first = next(iter(session.model.parameters()))
-        first.view(-1)[0] = float("nan")
-
-
-def exit_rank_fault(env: dist.DistEnv, step: int) -> None:
-    """Test-only fault (``TRAINER_FAULT=exit_rank@STEP``: the last rank;
-    ``exit_rank=R@STEP``: rank R): after that step's update the rank exits at once with
-    ``EXIT_RANK_FAULT`` (no clean-up, as a crashed process would), so srun reports the task
-    and ends the others. The caller fires it only in a run that did not resume: a recovery
-    from a checkpoint goes on past the step instead of crashing again."""
-    spec = os.environ.get("TRAINER_FAULT", "")
-    if not spec.startswith("exit_rank"):
-        return
-    who, _, at = spec.partition("@")
-    if not at.isdigit() or int(at) != step:
-        return
-    if who == "exit_rank":
-        rank = env.world_size - 1
-    elif who.startswith("exit_rank=") and who[len("exit_rank=") :].isdigit():
-        rank = int(who[len("exit_rank=") :])
-    else:
-        return
-    if env.rank == rank:
-        print(
-            f"trainer: TRAINER_FAULT={spec}: rank {rank} exits with {EXIT_RANK_FAULT} at step "
-            f"{step}",
-            file=sys.stderr,
-            flush=True,
-        )
-        sys.stdout.flush()
-        os._exit(EXIT_RANK_FAULT)
 
 
 def _start_events(

@@ -39,13 +39,8 @@ from jobs.lifecycle import JOBS
 from jobs.models import Job
 from jobs.pending_queue import pending_estimates_refresh
 from jobs.rundir import RunFilesResult, jobs_to_read, run_directories_of, run_files_read
-from nodes.cluster_access import slurm_client_for, transport_for
+from nodes.access.cluster import slurm_client_for, transport_for
 from nodes.models import Cluster
-from nodes.slurm import commands as slurm_commands
-from nodes.slurm import errors as slurm_errors
-from nodes.slurm.client import SlurmClient
-from nodes.slurm.errors import describe_cluster_error
-from nodes.slurm.transport import SshTransport, pool_counters, pool_logins
 from recovery.cycle import recovery_cycle
 from recovery.models import Incident
 from runs.lifecycle import (
@@ -58,6 +53,11 @@ from runs.lifecycle import (
 )
 from runs.rundir import RunDirectories
 from runs.rundir_batch import BatchReader
+from slurm import commands as slurm_commands
+from slurm import errors as slurm_errors
+from slurm.client import SlurmClient
+from slurm.errors import describe_cluster_error
+from slurm.transport import SshTransport, pool_counters, pool_logins
 
 logger = logging.getLogger(__name__)
 

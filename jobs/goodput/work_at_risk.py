@@ -27,6 +27,7 @@ from django.db.models import F, OuterRef, QuerySet, Subquery
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
+from jobs import checkpoint_state
 from jobs.goodput import ledger as goodput
 from jobs.models import Checkpoint, Job
 
@@ -136,12 +137,11 @@ def running_jobs_summary(*, jobs: QuerySet[Job], now: datetime | None = None) ->
     """``work_at_risk`` of ``jobs`` with the running jobs' throughput and how many have a
     proven newest checkpoint, in its one query."""
     now = now or timezone.now()
-    newest = Checkpoint.objects.filter(job=OuterRef("pk")).order_by("-step")
     rows = list(
         _risk_rows(
             jobs,
             throughput=F("throughput_now"),
-            newest_proven_at=_newest(newest, "last_proven_at"),
+            newest_proven_at=checkpoint_state.newest_checkpoint_proof(),
         )
     )
     return RunningJobs(
@@ -155,12 +155,11 @@ def _risk_rows(jobs: QuerySet[Job], **extra: Any) -> QuerySet[Job, dict[str, Any
     """The running jobs among ``jobs`` with their newest usable checkpoints (subqueries),
     as ``values()`` rows, oldest start first; ``extra`` annotations come along."""
     usable = (
-        Checkpoint.objects.filter(job=OuterRef("pk"), deleted_at__isnull=True)
-        .exclude(integrity=Checkpoint.Integrity.FAILED)
+        checkpoint_state.usable(Checkpoint.objects.filter(job=OuterRef("pk")))
         .annotate(moment=Coalesce("saved_at", "registered_at"))
         .order_by("-step")
     )
-    proven = usable.filter(last_proven_at__isnull=False)
+    proven = checkpoint_state.proven(usable)
     return (
         jobs.filter(state__in=AT_RISK_STATES)
         .annotate(

@@ -25,7 +25,7 @@ from nodes.placement.selection import (
     summarise,
 )
 from nodes.placement.tree import Topology
-from nodes.slurm.hostlist import compress, natural_key
+from slurm.hostlist import compress, natural_key
 
 
 def propose_placement(

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from nodes.placement.model import LINK_WORDS, NodeInfo, Placement, PlacementRequest
 from nodes.placement.selection import Candidate, Sorting, plural, state_of, summarise, when
 from nodes.placement.tree import Topology
-from nodes.slurm.hostlist import compress, natural_key
+from slurm.hostlist import compress, natural_key
 
 
 def words_and(words: Sequence[str]) -> str:

@@ -21,7 +21,7 @@ from nodes.placement.model import (
     Tables,
 )
 from nodes.placement.tree import Topology, coverage_tables, first_reaching, reconstruct
-from nodes.slurm.hostlist import compress, natural_key
+from slurm.hostlist import compress, natural_key
 
 
 @dataclass(frozen=True)

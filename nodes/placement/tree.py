@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from nodes.placement.model import VIRTUAL_ROOT, NodeInfo, Steps, SwitchInfo, Tables, no_switch_name
-from nodes.slurm.hostlist import natural_key
+from slurm.hostlist import natural_key
 
 
 class Topology:

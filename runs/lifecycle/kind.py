@@ -11,12 +11,12 @@ from typing import Any, ClassVar, Generic, TypeVar
 from django.db.models import QuerySet
 
 from controlplane.tasknames import task_send
-from nodes.cluster_access import slurm_client_as, transport_as
-from nodes.slurm.client import SlurmClient
-from nodes.slurm.parsers import SlurmJob
-from nodes.slurm.transport import SshTransport
+from nodes.access.cluster import slurm_client_as, transport_as
 from runs.events import RunEventKind
 from runs.models import SlurmTracked
+from slurm.client import SlurmClient
+from slurm.parsers import SlurmJob
+from slurm.transport import SshTransport
 
 logger = logging.getLogger(__name__)
 

@@ -21,17 +21,17 @@ from django.utils import timezone
 
 from core.errors import ApplicationError, ConflictError
 from core.faults import faultpoint
-from nodes.cluster_access import slurm_client_for
+from nodes.access.cluster import slurm_client_for
 from nodes.models import Cluster
 from nodes.services import cluster_reconcile_soon
-from nodes.slurm import commands as slurm_commands
-from nodes.slurm import errors as slurm_errors
-from nodes.slurm.client import SlurmClient
-from nodes.slurm.errors import SlurmParseError, describe_cluster_error
-from nodes.slurm.parsers import SlurmJob
 from runs.events import RunEventKind
 from runs.lifecycle.kind import SlurmKind, Tracked, WontSubmit
 from runs.lifecycle.phases import Phase, slurm_phase
+from slurm import commands as slurm_commands
+from slurm import errors as slurm_errors
+from slurm.client import SlurmClient
+from slurm.errors import SlurmParseError, describe_cluster_error
+from slurm.parsers import SlurmJob
 
 logger = logging.getLogger(__name__)
 

@@ -16,14 +16,14 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from nodes.slurm import errors as slurm_errors
-from nodes.slurm.client import SlurmClient
-from nodes.slurm.errors import describe_cluster_error
-from nodes.slurm.parsers import SlurmJob
-from nodes.slurm.transport import SshTransport
 from runs.lifecycle.phases import is_final_phase
 from runs.models import SlurmTracked
 from runs.rundir import OwnerTransport, RunDirectories, RunDirectory
+from slurm import errors as slurm_errors
+from slurm.client import SlurmClient
+from slurm.errors import describe_cluster_error
+from slurm.parsers import SlurmJob
+from slurm.transport import SshTransport
 
 logger = logging.getLogger(__name__)
 

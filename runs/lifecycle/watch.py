@@ -14,16 +14,16 @@ from django.conf import settings
 from django.db.models import Q
 
 from nodes.models import Cluster
-from nodes.slurm import commands as slurm_commands
-from nodes.slurm import errors as slurm_errors
-from nodes.slurm.client import SlurmClient, TagLookup
-from nodes.slurm.parsers import SlurmJob
 from runs.events import RunEventKind
 from runs.lifecycle.kind import Tracked
 from runs.lifecycle.phases import Phase, is_final_phase, slurm_phase
 from runs.lifecycle.submit import Submission
 from runs.lifecycle.views import ACCOUNTING_NONE, SlurmViews
 from runs.rundir import RunDirectory
+from slurm import commands as slurm_commands
+from slurm import errors as slurm_errors
+from slurm.client import SlurmClient, TagLookup
+from slurm.parsers import SlurmJob
 
 logger = logging.getLogger(__name__)
 

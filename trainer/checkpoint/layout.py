@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import re
 
 from ..schema import CHECKPOINT_FORMAT, CHECKPOINT_FORMATS_READ, RANK_INDEX_FORMAT
@@ -63,14 +62,3 @@ def strategy_of(manifest: dict[str, object]) -> str:
 def first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
-
-
-def fault_point(kind: str, step: int) -> None:
-    """Test-only fault injection: TRAINER_FAULT=crash_before_manifest@STEP."""
-    if fault_at(kind, step):
-        os._exit(137)
-
-
-def fault_at(kind: str, step: int) -> bool:
-    """Whether the test-only fault ``TRAINER_FAULT=<kind>@<step>`` is set for this step."""
-    return os.environ.get("TRAINER_FAULT", "") == f"{kind}@{step}"

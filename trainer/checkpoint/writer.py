@@ -9,11 +9,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ..faults import crash_point
 from ..fingerprint import merge
 from ..sharding import sharding_table
 from ..statekeys import SHARDS
 from .durable import atomic_write_json, fsync_dir
-from .layout import FORMAT, MANIFEST, fault_point, sidecar_name, step_dir_name
+from .layout import FORMAT, MANIFEST, sidecar_name, step_dir_name
 from .listing import apply_retention
 from .rankfile import save_rank
 
@@ -112,7 +113,7 @@ class CheckpointWriter:
         if self.rank != 0:
             return
         files = self._collect_sidecars(d)
-        fault_point("crash_before_manifest", step)
+        crash_point("crash_before_manifest", step)
         manifest = self._manifest(step, files, extra)
         parts = [f.get("fingerprint") for f in files]
         fingerprint = merge([p for p in parts if p]) if all(parts) else None

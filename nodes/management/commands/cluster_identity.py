@@ -8,7 +8,11 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
 from core.errors import ApplicationError
-from nodes.identities import cluster_identity_delete, cluster_identity_list, cluster_identity_set
+from nodes.access.identities import (
+    cluster_identity_delete,
+    cluster_identity_list,
+    cluster_identity_set,
+)
 from nodes.models import Cluster
 
 

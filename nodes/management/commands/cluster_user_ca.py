@@ -6,7 +6,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from nodes.identities import (
+from nodes.access.identities import (
     cluster_user_ca_ensure,
     sshd_config_lines,
     trusted_ca_file,

@@ -1,4 +1,4 @@
-"""Rotate a cluster's user CA in two steps (``nodes.ca_rotation``): a new CA the login nodes
+"""Rotate a cluster's user CA in two steps (``nodes.access.ca_rotation``): a new CA the login nodes
 trust beside the old one, then ``--finish``: Gantry signs with the new one, the old goes."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 
 from core.errors import ApplicationError
-from nodes.ca_rotation import cluster_user_ca_rotate, cluster_user_ca_rotate_finish
-from nodes.identities import trusted_ca_file
+from nodes.access.ca_rotation import cluster_user_ca_rotate, cluster_user_ca_rotate_finish
+from nodes.access.identities import trusted_ca_file
 from nodes.models import Cluster
 
 

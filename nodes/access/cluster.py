@@ -5,7 +5,7 @@ squeue/sacct, tag lookups, the shared trainer archive, operator actions that nee
 admin rights) and a cluster account Gantry acts as for a user (``transport_as``: a
 short-lived certificate signed by the cluster's user CA, or the per-user key Gantry made).
 Where this process may not read the CA key (``GANTRY_CA_KEY_ACCESS=signer``: the web
-processes), a worker signs each certificate (``nodes.signer``).
+processes), a worker signs each certificate (``nodes.access.signer``).
 
 Private keys (the service account's, the user CA's, per-user keys) live under
 ``GANTRY_DATA_DIR/ssh/<cluster>/`` with mode 0600 in 0700 directories, never in the
@@ -22,13 +22,13 @@ from pathlib import Path
 
 from django.conf import settings
 
+from nodes.access.signer_client import PURPOSE_WEB, remote_signer
 from nodes.models import Cluster, ClusterIdentity
-from nodes.signer_client import PURPOSE_WEB, remote_signer
-from nodes.slurm.certificates import CertificateSpec, check_principal, check_source_addresses
-from nodes.slurm.client import SlurmClient
-from nodes.slurm.connect import SshConfig
-from nodes.slurm.errors import SshConfigurationError, local_file_error
-from nodes.slurm.transport import PoolLimits, SshTransport, get_transport
+from slurm.certificates import CertificateSpec, check_principal, check_source_addresses
+from slurm.client import SlurmClient
+from slurm.connect import SshConfig
+from slurm.errors import SshConfigurationError, local_file_error
+from slurm.transport import PoolLimits, SshTransport, get_transport
 
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 USER_CA_FILE = "user_ca"
@@ -79,7 +79,7 @@ def known_hosts_path(cluster: Cluster) -> Path:
 
 
 def user_ca_key_path(cluster: Cluster) -> Path:
-    """The cluster's user CA private key (0600; created by ``nodes.identities``)."""
+    """The cluster's user CA private key (0600; created by ``nodes.access.identities``)."""
     return cluster_key_dir(cluster.name) / USER_CA_FILE
 
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from nodes.slurm.hostlist import expand
+from slurm.hostlist import expand
 
 # Slurm's NO_VAL / INFINITE sentinels (32 and 64 bit) mean "not set" / "unlimited".
 _SENTINELS = {0xFFFFFFFE, 0xFFFFFFFF, 0xFFFFFFFFFFFFFFFE, 0xFFFFFFFFFFFFFFFF, 0xFFFE, 0xFFFF}

@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from nodes.slurm.units import (
+from slurm.units import (
     Gres,
     tres_gpu_count,
 )

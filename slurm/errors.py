@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 
 class SlurmError(Exception):
-    """Base class of every error raised by ``nodes.slurm``."""
+    """Base class of every error raised by ``slurm``."""
 
     transient: bool = False
 

@@ -13,7 +13,7 @@ and watch as the researchers). A web process runs with ``GANTRY_CA_KEY_ACCESS=si
 pair itself, keeps the private half in memory as before, and sends only the public half
 and the names (cluster, account, purpose) to ``USER_CERTIFICATE_SIGN`` on the ``signer``
 queue; it waits up to the SSH connect timeout for the certificate
-(``nodes.signer_client``). The worker (``user_certificate_sign``) decides everything else
+(``nodes.access.signer_client``). The worker (``user_certificate_sign``) decides everything else
 from its own database, never from the request: the account must be mapped to a Gantry user
 on that cluster (``ClusterIdentity``), not a system account or the service account, the
 cluster must use certificates, and the purpose must be one the signer grants (``web``, named
@@ -31,7 +31,7 @@ the transport pool reuses a certificate for most of its life, so one per account
 process every few minutes. A mapping an operator removed stops the pages' access to that
 account at once (the watcher, in the workers, still reads the account's running work).
 
-Enforced by configuration and by test: with ``signer`` access, ``nodes.cluster_access``
+Enforced by configuration and by test: with ``signer`` access, ``nodes.access.cluster``
 builds certificate specs with no CA path at all, and ``tests/nodes/test_signer.py`` and the
 dev-cluster test stream a log and cancel a job through a real worker while an audit hook
 sees every file the web process opens. Deployments make it true for the file system too:
@@ -46,12 +46,12 @@ from typing import Any
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
-from nodes.cluster_access import certificate_spec
-from nodes.identities import user_ca_key_ensure
+from nodes.access.cluster import certificate_spec
+from nodes.access.identities import user_ca_key_ensure
+from nodes.access.signer_client import PURPOSE_WEB
 from nodes.models import Cluster, ClusterIdentity
-from nodes.signer_client import PURPOSE_WEB
-from nodes.slurm.certificates import sign_user_key
-from nodes.slurm.errors import SshError
+from slurm.certificates import sign_user_key
+from slurm.errors import SshError
 
 logger = logging.getLogger(__name__)
 
@@ -112,7 +112,7 @@ def user_certificate_sign(
 def user_ca_public_key(*, cluster_id: int) -> dict[str, Any]:
     """The cluster's user CA public key line, making the CA key file if there is none:
     ``{"public_key": line, "created": bool}``. The database and the audit event are the
-    caller's (``nodes.identities.cluster_user_ca_ensure``). Safe to repeat: an existing
+    caller's (``nodes.access.identities.cluster_user_ca_ensure``). Safe to repeat: an existing
     CA is kept."""
     cluster = Cluster.objects.filter(pk=cluster_id).first()
     if cluster is None:

@@ -19,7 +19,7 @@ accepts it only from those networks. Certificates carry no extensions (no pty, n
 forwarding, no agent: an exec channel and SFTP need none) and are valid for minutes; the
 private half of the key they certify lives only in memory. Signed with ``cryptography``,
 never by a shell; in a process that may not read the CA key (the web tier), by
-``CertificateSpec.signer`` instead (``nodes.signer``).
+``CertificateSpec.signer`` instead (``nodes.access.signer``).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from cryptography.hazmat.primitives.serialization import (
     SSHCertificateType,
 )
 
-from nodes.slurm.errors import SshConfigurationError, local_file_error
+from slurm.errors import SshConfigurationError, local_file_error
 
 # A Unix account name: what ``useradd`` accepts by default, and no more.
 PRINCIPAL = re.compile(r"[a-z_][a-z0-9_-]{0,31}")

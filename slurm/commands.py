@@ -15,7 +15,7 @@ import uuid
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 
-from nodes.slurm.parsers import (
+from slurm.parsers import (
     SACCT_TEXT_FIELDS,
     SINFO_TEXT_FORMAT,
     SQUEUE_START_FORMAT,

@@ -16,13 +16,13 @@ aware UTC datetimes; memory is MB; time limits are minutes (None = unlimited).
 
 from __future__ import annotations
 
-from nodes.slurm.parsers.common import (
+from slurm.parsers.common import (
     load_json,
     normalise_job_state,
     normalise_node_state,
     parse_kv_records,
 )
-from nodes.slurm.parsers.inventory import (
+from slurm.parsers.inventory import (
     SINFO_TEXT_FORMAT,
     TEXT_SEPARATOR,
     iter_gpu_gres,
@@ -32,7 +32,7 @@ from nodes.slurm.parsers.inventory import (
     parse_sinfo_text,
     parse_topology,
 )
-from nodes.slurm.parsers.jobs import (
+from slurm.parsers.jobs import (
     SACCT_TEXT_FIELDS,
     SQUEUE_TEXT_FORMAT,
     parse_sacct_json,
@@ -41,8 +41,8 @@ from nodes.slurm.parsers.jobs import (
     parse_squeue_json,
     parse_squeue_text,
 )
-from nodes.slurm.parsers.misc import parse_config, parse_sbatch_parsable, parse_version
-from nodes.slurm.parsers.models import (
+from slurm.parsers.misc import parse_config, parse_sbatch_parsable, parse_version
+from slurm.parsers.models import (
     ACTIVE_JOB_STATES,
     FINAL_JOB_STATES,
     ClusterInfo,
@@ -52,14 +52,14 @@ from nodes.slurm.parsers.models import (
     SlurmNode,
     Switch,
 )
-from nodes.slurm.parsers.queue import (
+from slurm.parsers.queue import (
     SQUEUE_START_FORMAT,
     PendingStart,
     QueuePlace,
     parse_squeue_start,
     queue_places,
 )
-from nodes.slurm.units import Gres, parse_count
+from slurm.units import Gres, parse_count
 
 __all__ = [
     "ACTIVE_JOB_STATES",

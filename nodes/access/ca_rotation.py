@@ -33,10 +33,10 @@ from django.db import transaction
 from core.audit import AuditAction, audit_event_record
 from core.errors import FieldError
 from core.types import Actor
-from nodes.cluster_access import user_ca_key_path
-from nodes.identities import _check_operator, _create_private_file, trusted_ca_keys
+from nodes.access.cluster import user_ca_key_path
+from nodes.access.identities import _check_operator, _create_private_file, trusted_ca_keys
 from nodes.models import Cluster
-from nodes.slurm.certificates import ca_public_line, generate_ca_private_key
+from slurm.certificates import ca_public_line, generate_ca_private_key
 
 NEXT_SUFFIX = ".next"
 

@@ -1,4 +1,4 @@
-"""REST API of per-user cluster identities (``nodes.identities``), under /api/v1/clusters/.
+"""REST API of per-user cluster identities (``nodes.access.identities``), under /api/v1/clusters/.
 
 One view per operation. The user CA's public key and the sshd line are for everyone with a
 role (they are what a login node's admin needs, nothing secret); the mapping of users to
@@ -20,7 +20,7 @@ from rest_framework.views import APIView
 from core.access import request_user
 from core.errors import FieldError
 from core.permissions import IsOperator, IsResearcherOrOperator
-from nodes.identities import (
+from nodes.access.identities import (
     NO_IDENTITY_FIX,
     cluster_identity_delete,
     cluster_identity_for_user,
@@ -135,7 +135,7 @@ class ClusterIdentitySetApi(APIView):
 
     class InputSerializer(serializers.Serializer):
         user = serializers.CharField(max_length=150)
-        # Checked as given (nodes.identities.check_account): never trimmed or repaired.
+        # Checked as given (nodes.access.identities.check_account): never trimmed or repaired.
         account = serializers.CharField(max_length=64, trim_whitespace=False, allow_blank=True)
 
     @extend_schema(request=InputSerializer, responses={201: IdentitySerializer})

@@ -7,9 +7,9 @@ import re
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
-from nodes.slurm.errors import SlurmParseError
-from nodes.slurm.parsers.models import JOB_STATE_ALIASES
-from nodes.slurm.units import (
+from slurm.errors import SlurmParseError
+from slurm.parsers.models import JOB_STATE_ALIASES
+from slurm.units import (
     json_number,
 )
 

@@ -8,8 +8,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
-from nodes.slurm.parsers.common import as_int, as_text, guarded, normalise_job_state
-from nodes.slurm.parsers.inventory import kv_time, split_fields
+from slurm.parsers.common import as_int, as_text, guarded, normalise_job_state
+from slurm.parsers.inventory import kv_time, split_fields
 
 # ``squeue --start -h -o`` fields of commands.squeue_start(): job id, partition, state,
 # priority (integer), expected start, submit time, scheduled nodes, reason (free text, last).

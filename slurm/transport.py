@@ -1,9 +1,9 @@
 """SSH transport to a cluster's login host: pinned host key, key or certificate auth,
-exec with stdin, SFTP (``nodes.slurm.sftp``); and the pool: one connection per login
+exec with stdin, SFTP (``slurm.sftp``); and the pool: one connection per login
 identity (the service account, each cluster account Gantry acts as) per process, closed
 when idle, at most so many per login node.
 
-Failures become ``nodes.slurm.errors`` classes: a dead link is retried once
+Failures become ``slurm.errors`` classes: a dead link is retried once
 transparently (only where no command can have run twice), then surfaces as
 ``SshTransientError``; host key, authentication and configuration problems are
 permanent errors with a plain-words message. A certificate the login node refuses (it
@@ -24,9 +24,9 @@ from typing import TypeVar
 
 import paramiko
 
-from nodes.slurm.certificates import CertificateSpec, SignedKey, signed_key
-from nodes.slurm.connect import LINK_ERRORS, SshConfig, open_client
-from nodes.slurm.errors import (
+from slurm.certificates import CertificateSpec, SignedKey, signed_key
+from slurm.connect import LINK_ERRORS, SshConfig, open_client
+from slurm.errors import (
     SshAuthenticationError,
     SshCommandTimeout,
     SshError,
@@ -34,7 +34,7 @@ from nodes.slurm.errors import (
     SshTransientError,
     command_error,
 )
-from nodes.slurm.sftp import SftpOperations, StatResult
+from slurm.sftp import SftpOperations, StatResult
 
 logger = logging.getLogger(__name__)
 

@@ -1,8 +1,8 @@
-"""The web processes' side of the certificate signer (``nodes.signer``, where the design is):
+"""The web processes' side of the certificate signer (``nodes.access.signer``, where the design is):
 ask the ``signer`` queue for a certificate of a key this process made, or for the user
 CA's public key, and wait a little for the answer.
 
-Used where ``GANTRY_CA_KEY_ACCESS=signer``: ``nodes.cluster_access`` puts ``remote_signer``
+Used where ``GANTRY_CA_KEY_ACCESS=signer``: ``nodes.access.cluster`` puts ``remote_signer``
 in the certificate spec of every login as a user, so log streaming, cancel, hold and every
 other page that acts as a researcher's account gets its certificate from a worker; the
 key's private half never leaves this process.
@@ -18,8 +18,8 @@ from celery.exceptions import TimeoutError as CeleryTimeoutError
 from django.conf import settings
 
 from controlplane.tasknames import USER_CA_ENSURE, USER_CERTIFICATE_SIGN
-from nodes.slurm.certificates import CertificateSpec
-from nodes.slurm.errors import SshConfigurationError, SshTransientError
+from slurm.certificates import CertificateSpec
+from slurm.errors import SshConfigurationError, SshTransientError
 
 # What a certificate the web asks for is for: the signer grants only this purpose, and
 # names it in the certificate's key id (sshd logs it with every login).

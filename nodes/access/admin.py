@@ -1,5 +1,5 @@
 """Admin of per-user cluster identities: operators map Gantry users to cluster accounts.
-Saving and deleting go through ``nodes.identities`` (validated, audited). Imported by
+Saving and deleting go through ``nodes.access.identities`` (validated, audited). Imported by
 ``nodes.admin``."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from django.utils.html import format_html
 from core.access import request_user
 from core.admin_helpers import ServiceDeleteMixin, admin_changelist_link
 from core.errors import ApplicationError
-from nodes.identities import (
+from nodes.access.identities import (
     cluster_identity_delete,
     cluster_identity_set,
     cluster_user_auth_set,

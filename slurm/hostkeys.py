@@ -13,7 +13,7 @@ from typing import NamedTuple, NoReturn
 import paramiko
 from paramiko.pkey import UnknownKeyType
 
-from nodes.slurm.errors import (
+from slurm.errors import (
     HostKeyUnknown,
     SshAuthenticationError,
     SshConfigurationError,

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import paramiko
 
-from nodes.slurm.certificates import CertificateSpec
-from nodes.slurm.errors import (
+from slurm.certificates import CertificateSpec
+from slurm.errors import (
     HostKeyMismatch,
     HostKeyUnknown,
     SshAuthenticationError,
@@ -21,7 +21,7 @@ from nodes.slurm.errors import (
     local_file_error,
     resolution_error,
 )
-from nodes.slurm.hostkeys import (
+from slurm.hostkeys import (
     RejectUnknownHost,
     fingerprint,
     load_private_key,

@@ -8,9 +8,9 @@ from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
-from nodes.slurm.errors import SlurmParseError
-from nodes.slurm.hostlist import expand
-from nodes.slurm.parsers.common import (
+from slurm.errors import SlurmParseError
+from slurm.hostlist import expand
+from slurm.parsers.common import (
     as_int,
     as_text,
     guarded,
@@ -22,8 +22,8 @@ from nodes.slurm.parsers.common import (
     state_words,
     str_list,
 )
-from nodes.slurm.parsers.models import Partition, SlurmNode, Switch
-from nodes.slurm.units import (
+from slurm.parsers.models import Partition, SlurmNode, Switch
+from slurm.units import (
     Gres,
     json_number,
     parse_gres,

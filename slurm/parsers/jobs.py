@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from nodes.slurm.hostlist import expand
-from nodes.slurm.parsers.common import (
+from slurm.hostlist import expand
+from slurm.parsers.common import (
     as_dict,
     as_text,
     guarded,
@@ -14,9 +14,9 @@ from nodes.slurm.parsers.common import (
     normalise_job_state,
     parse_kv_records,
 )
-from nodes.slurm.parsers.inventory import kv_time, split_fields
-from nodes.slurm.parsers.models import FINAL_JOB_STATES, SlurmJob
-from nodes.slurm.units import (
+from slurm.parsers.inventory import kv_time, split_fields
+from slurm.parsers.models import FINAL_JOB_STATES, SlurmJob
+from slurm.units import (
     json_number,
     parse_gres,
     parse_slurm_time,

@@ -6,7 +6,7 @@ Modes (``Cluster.user_auth``):
 - ``certificate`` (the default): Gantry holds an Ed25519 CA per cluster (a 0600 file under
   the data directory, never shown) and signs a certificate valid for minutes
   (``GANTRY_SSH_CERT_MINUTES``) whenever it connects as a mapped account. Its one principal
-  is ``gantry:<cluster>:<account>`` (``nodes.slurm.certificates``), with ``source-address``
+  is ``gantry:<cluster>:<account>`` (``slurm.certificates``), with ``source-address``
   when the cluster has ``certificate_source_addresses``. The login node trusts the CA and
   maps principals to accounts with the lines ``sshd_config_lines`` gives (shown on the
   access page, the admin, the API and ``manage.py cluster_user_ca``):
@@ -14,8 +14,8 @@ Modes (``Cluster.user_auth``):
   ``AuthorizedPrincipalsCommand /usr/local/sbin/gantry-principals --cluster <name>
   --service-account <user> %u`` (``scripts/gantry-principals``: nothing for root, system
   accounts and the service account) and ``AuthorizedPrincipalsCommandUser nobody``. The
-  web processes never read the CA key: they ask a worker (``nodes.signer``). A rotation
-  (``manage.py gantry_ca_rotate``, ``nodes.ca_rotation``) makes a new CA the login nodes
+  web processes never read the CA key: they ask a worker (``nodes.access.signer``). A rotation
+  (``manage.py gantry_ca_rotate``, ``nodes.access.ca_rotation``) makes a new CA the login nodes
   trust beside the old one before Gantry signs with it.
 - ``user_keys``: for sites that forbid a CA. Gantry makes one key pair per mapped account;
   the user (or the admin) installs the public key in the account's ``authorized_keys``.
@@ -50,10 +50,10 @@ from core.audit import AuditAction, audit_event_record
 from core.errors import FieldError
 from core.roles import is_operator
 from core.types import Actor, User
-from nodes.cluster_access import user_ca_key_path, user_key_path
+from nodes.access.cluster import user_ca_key_path, user_key_path
+from nodes.access.signer_client import remote_user_ca_ensure
 from nodes.models import Cluster, ClusterIdentity
-from nodes.signer_client import remote_user_ca_ensure
-from nodes.slurm.certificates import (
+from slurm.certificates import (
     PRINCIPAL,
     SYSTEM_ACCOUNTS,
     ca_public_line,

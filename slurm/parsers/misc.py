@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from nodes.slurm.errors import SlurmParseError
+from slurm.errors import SlurmParseError
 
 # ---------------------------------------------------------------- misc
 

@@ -17,8 +17,8 @@ from typing import Any, TypeVar
 
 import paramiko
 
-from nodes.slurm.connect import SshConfig
-from nodes.slurm.errors import RemoteFileNotFound, RemoteFileRefused, SftpError
+from slurm.connect import SshConfig
+from slurm.errors import RemoteFileNotFound, RemoteFileRefused, SftpError
 
 T = TypeVar("T")
 # Bytes per SFTP read request (the protocol's customary largest).

@@ -14,15 +14,15 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
-from nodes.slurm import commands
-from nodes.slurm.errors import (
+from slurm import commands
+from slurm.errors import (
     SlurmCommandError,
     SlurmControllerUnavailable,
     SlurmNotFound,
     SlurmParseError,
     command_error,
 )
-from nodes.slurm.parsers import (
+from slurm.parsers import (
     ClusterInfo,
     Inventory,
     Partition,
