@@ -19,8 +19,8 @@ from acceptance.models import AcceptanceRun, AcceptanceStep
 from acceptance.orchestrate import run_advance
 from factories import ClusterFactory, GpuFactory, NodeFactory, PartitionFactory
 from nodes.models import Cluster, Switch
-from nodes.slurm.errors import RemoteFileNotFound, RemoteFileRefused
 from runs.lifecycle import ACCOUNTING_NONE, SlurmViews
+from slurm.errors import RemoteFileNotFound, RemoteFileRefused
 
 HEALTH_FIXTURES = Path(__file__).resolve().parent / "health" / "fixtures"
 STACK = {"python": "3.11.7", "kernel": "6.1.0", "torch": "2.4.0", "torch_cuda": "12.4"}

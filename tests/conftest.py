@@ -84,23 +84,35 @@ def anonymous_api() -> APIClient:
     return APIClient()
 
 
-from celery_support import STACK_ENV  # noqa: E402
+import lanes  # noqa: E402
+
+
+def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
+    lanes.check_declared(items)
+    if getattr(config.option, "numprocesses", None):
+        lanes.longest_first(items)
+
+
+@pytest.fixture(scope="session")
+def _celery_logs(tmp_path_factory: Any) -> Path:
+    return Path(tmp_path_factory.mktemp("celery"))
 
 
 @pytest.fixture
-def celery_stack(transactional_db: Any, tmp_path: Any, request: Any) -> Any:
-    """A real Celery worker and beat against the test database and the test Redis."""
+def celery_stack(transactional_db: Any, _celery_logs: Path) -> Any:
+    """A real Celery worker and beat against the test database and the test Redis: the
+    process's shared pair (``celery_support.SharedStack``), their logs read from this
+    test's start; at the end, the worker has finished what it was doing."""
     from django.db import connection
 
-    from celery_support import database_url_for, flush_test_broker, start_beat, start_worker
+    from celery_support import SHARED, database_url_for
 
-    flush_test_broker()
-    url = database_url_for(connection.settings_dict)
-    worker = start_worker(database_url=url, log_path=tmp_path / "worker.log", extra_env=STACK_ENV)
-    request.addfinalizer(worker.stop)
-    beat = start_beat(database_url=url, log_path=tmp_path / "beat.log", extra_env=STACK_ENV)
-    request.addfinalizer(beat.stop)
-    return {"worker": worker, "beat": beat}
+    stack = SHARED.ensure(
+        database_url=database_url_for(connection.settings_dict), log_dir=_celery_logs
+    )
+    SHARED.mark_logs()
+    yield stack
+    SHARED.drain()
 
 
 @pytest.fixture(scope="session")
@@ -111,23 +123,77 @@ def devcluster() -> Any:
     return ensure_up()
 
 
-@pytest.fixture
-def dev_cluster_registered(transactional_db: Any) -> Any:
-    """The dev cluster (brought up if needed) registered in Gantry and synced once, its
-    sshd trusting the cluster's user CA, the personas mapped to their Unix accounts."""
-    from devcluster_support import ensure_up
-    from nodes.registration import cluster_register
-    from nodes.slurm.transport import close_all
-    from nodes.sync import cluster_sync
+@pytest.fixture(autouse=True)
+def _cluster_lane(request: Any) -> Any:
+    """A test marked ``nodes`` holds its node slots while it runs; one marked ``exclusive``
+    starts on a quiet cluster (tests/lanes.py). A test that does not ask for the shared
+    Celery stack runs without it: no worker takes tasks it means to run by hand."""
+    if "celery_stack" not in request.fixturenames:
+        from celery_support import SHARED
 
-    devcluster = ensure_up()
-    devcluster.wait_quiet()
+        SHARED.stop()
+    need = lanes.need_of(request.node)
+    if need is None or not lanes.uses_cluster(request.node):
+        yield None
+        return
+    cluster = request.getfixturevalue("devcluster")
+    sizes, _default = _partition_sizes(cluster)
+    named, any_of = lanes.wanted(need, sizes)
+    with lanes.NodeSlots(sizes).held(named, any_of=any_of) as given:
+        if need.exclusive:
+            cluster.wait_quiet()
+        pinned = next(iter(named)) if len(named) == 1 and not need.exclusive else None
+        with lanes.assigned(given or pinned):
+            yield need
+
+
+@pytest.fixture
+def lane_partition(_cluster_lane: Any) -> str:
+    """The partition this test's jobs go to: the one its marker names, or the one the lane
+    gave it (tests/lanes.py)."""
+    return lanes.assigned_partition()
+
+
+_SIZES: dict[str, Any] = {}
+
+
+def _partition_sizes(cluster: Any) -> tuple[dict[str, int], str]:
+    if "sizes" not in _SIZES:
+        _SIZES["sizes"] = lanes.partition_sizes(cluster)
+    return _SIZES["sizes"]
+
+
+@pytest.fixture
+def own_login_node(devcluster: Any) -> Any:
+    """A login node of this test's own (``devcluster_support.LoginNode``): stopping it or
+    putting shims in front of its commands disturbs no other test. A test that asks for it
+    gets the dev cluster registered through it."""
+    from devcluster_support import LoginNode
+
+    login = LoginNode(devcluster).start()
+    yield login
+    login.close()
+
+
+@pytest.fixture
+def dev_cluster_registered(transactional_db: Any, devcluster: Any, request: Any) -> Any:
+    """The dev cluster registered in Gantry and synced once, its sshd trusting the
+    cluster's user CA, the personas mapped to their Unix accounts; through the test's own
+    login node where it asks for one. At the end, every Slurm job of this test is cancelled
+    and gone from the queue (it waits for its own jobs, never for an idle cluster)."""
+    from nodes.registration import cluster_register
+    from nodes.sync import cluster_sync
+    from slurm.transport import close_all
+
+    port = devcluster.port
+    if "own_login_node" in request.fixturenames:
+        port = request.getfixturevalue("own_login_node").port
     close_all()
     registration = cluster_register(
         actor=None,
         name="devcluster",
         ssh_host=devcluster.host,
-        ssh_port=devcluster.port,
+        ssh_port=port,
         ssh_user=devcluster.user,
         private_key=devcluster.key.read_text(),
         workdir=devcluster.workdir,
@@ -139,7 +205,40 @@ def dev_cluster_registered(transactional_db: Any) -> Any:
     assert cluster_sync(cluster_id=registration.cluster.pk).ok
     devcluster.trust_user_ca(registration.cluster.user_ca_public_key)
     map_personas(cluster=registration.cluster)
-    return registration.cluster
+    yield registration.cluster
+    _slurm_jobs_of_this_test_gone(devcluster)
+
+
+def _slurm_jobs_of_this_test_gone(devcluster: Any, timeout: float = 120) -> None:
+    """Stop the watcher looking at this test's clusters, let the worker finish its task,
+    then cancel every Slurm job tagged with an object of this test's database and wait
+    until none is left in the queue."""
+    from datetime import timedelta
+
+    from celery_support import SHARED, wait_until
+    from devcluster_support import slurm_jobs_named
+    from nodes.models import Cluster
+    from slurm.commands import job_tag
+    from watcher.cycle import KINDS
+
+    later = timezone.now() + timedelta(days=1)
+    Cluster.objects.update(next_reconcile_at=later, next_sync_at=later)
+    for kind in KINDS:
+        kind.model.objects.filter(state=kind.QUEUED).update(state=kind.CANCELLED)
+    SHARED.drain()
+    tags = {
+        job_tag(uuid) for kind in KINDS for uuid in kind.model.objects.values_list("id", flat=True)
+    }
+    if not tags:
+        return
+    left = slurm_jobs_named(devcluster, tags)
+    if left:
+        devcluster.slurm(["scancel", *left], check=False)
+        wait_until(
+            lambda: not slurm_jobs_named(devcluster, tags),
+            timeout=timeout,
+            what=f"Slurm jobs {left} of this test to leave the queue",
+        )
 
 
 @pytest.fixture

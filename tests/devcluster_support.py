@@ -11,6 +11,7 @@ import contextlib
 import os
 import pwd
 import shlex
+import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -215,6 +216,97 @@ class DevCluster:
         return client
 
 
+class LoginNode:
+    """A login node of a test's own: a second sshd of the dev cluster on a free port of its
+    own, with the main one's host key, users and trust (the same sshd_config, but its port,
+    pid file and shims directory), so a test can stop it or put stand-ins in front of the
+    login node's commands without disturbing any other test sharing the cluster. Gantry
+    reaches it like any login node: register the cluster with ``port``."""
+
+    def __init__(self, cluster: DevCluster) -> None:
+        self.cluster = cluster
+        self.port = _free_port()
+        self.dir = cluster.dir / "login-nodes" / str(self.port)
+        self.shims = self.dir / "shims"
+        self.config = self.dir / "sshd_config"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> LoginNode:
+        self.shims.mkdir(parents=True, exist_ok=True)
+        for path in (self.dir.parent, self.dir, self.shims):
+            path.chmod(0o755)
+        main = (self.cluster.dir / "ssh" / "sshd_config").read_text()
+        main_shims = f"PATH={self.cluster.shims}:"
+        if main_shims not in main or "\nPort " not in main:
+            raise DevClusterError("the dev cluster's sshd_config has no Port or shims PATH")
+        lines = []
+        for line in main.splitlines():
+            if line.startswith("Port "):
+                line = f"Port {self.port}"
+            elif line.startswith("PidFile "):
+                line = f"PidFile {self.dir / 'sshd.pid'}"
+            lines.append(line.replace(main_shims, f"PATH={self.shims}:"))
+        self.config.write_text("\n".join(lines) + "\n")
+        self.config.chmod(0o644)
+        self.sshd_start()
+        return self
+
+    def sshd_start(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            return
+        log = self.dir / "sshd.log"
+        self.process = subprocess.Popen(
+            ["/usr/sbin/sshd", "-D", "-f", str(self.config), "-E", str(log)],
+            stdin=subprocess.DEVNULL,
+        )
+
+        def listening() -> bool:
+            with (
+                contextlib.suppress(OSError),
+                socket.create_connection(("127.0.0.1", self.port), 1),
+            ):
+                return True
+            return False
+
+        wait_for(listening, timeout=20, interval=0.1, message=f"an sshd on port {self.port}")
+
+    def sshd_stop(self) -> None:
+        """Like a login node going away: the listener stops and its sessions are cut."""
+        if self.process is None or self.process.poll() is not None:
+            return
+        sessions = subprocess.run(
+            ["pgrep", "-P", str(self.process.pid)], capture_output=True, text=True, check=False
+        ).stdout.split()
+        self.process.terminate()
+        self.process.wait(timeout=10)
+        for session in sessions:
+            with contextlib.suppress(ProcessLookupError, ValueError):
+                os.kill(int(session), 15)
+
+    @contextlib.contextmanager
+    def shim(self, name: str, script: str) -> Iterator[Path]:
+        """A stand-in for the login node's command ``name``, for this login node only."""
+        path = self.shims / name
+        path.write_text(script)
+        path.chmod(0o755)
+        try:
+            yield path
+        finally:
+            path.unlink(missing_ok=True)
+
+    def close(self) -> None:
+        self.sshd_stop()
+        import shutil
+
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
 def _run(
     argv: Sequence[str],
     *,
@@ -343,6 +435,16 @@ def owner_and_private_mode(path: str | os.PathLike[str], readers: set[str]) -> t
             group = sum(bits.get(c, 0) for c in perms)
             mode = (mode & ~0o070) | (group << 3)
     return pwd.getpwuid(info.st_uid).pw_name, mode
+
+
+def slurm_jobs_named(cluster: DevCluster, names: set[str]) -> list[str]:
+    """The ids of the jobs in the queue (any user's) whose name is one of ``names``."""
+    out = cluster.slurm(["squeue", "-h", "-o", "%i %j"], check=False).stdout
+    return [
+        fields[0]
+        for fields in (line.split() for line in out.splitlines())
+        if len(fields) == 2 and fields[1] in names
+    ]
 
 
 def devcluster_env() -> dict[str, str]:

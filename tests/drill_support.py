@@ -7,6 +7,7 @@ from typing import Any
 
 from rest_framework.test import APIClient
 
+import lanes
 from celery_support import wait_until
 from devcluster_support import DevCluster
 from drills.models import RestoreDrill
@@ -20,7 +21,7 @@ def run_job(
         "/api/v1/jobs/submit/",
         {
             "name": name,
-            "partition": "batch",
+            "partition": lanes.assigned_partition(),
             "nodes": nodes,
             "gpus_per_node": 1,
             "tasks_per_node": 1,

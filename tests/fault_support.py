@@ -10,9 +10,10 @@ from typing import Any
 
 from rest_framework.test import APIClient
 
+import lanes
 from devcluster_support import DevCluster
 from jobs.models import Job, JobEvent
-from nodes.slurm import commands as slurm_commands
+from slurm import commands as slurm_commands
 
 TRIALS = int(os.environ.get("GANTRY_FAULT_TRIALS", "10"))
 
@@ -48,7 +49,7 @@ def submit_tiny(
     for number in range(count):
         body: dict[str, Any] = {
             "name": f"{name}-{number}",
-            "partition": "batch",
+            "partition": lanes.assigned_partition(),
             "nodes": 1,
             "gpus_per_node": 0,
             "tasks_per_node": 1,

@@ -16,6 +16,7 @@ from typing import Any
 
 from rest_framework.test import APIClient
 
+import lanes
 from jobs.models import Checkpoint, Job
 
 
@@ -89,7 +90,7 @@ def submit(api: APIClient, *, name: str, nodes: int, steps: int, every: int, **e
         "/api/v1/jobs/submit/",
         {
             "name": name,
-            "partition": "batch",
+            "partition": lanes.assigned_partition(),
             "nodes": nodes,
             "gpus_per_node": 1,
             "tasks_per_node": 1,

@@ -55,10 +55,10 @@ def watching_opens(prefix: str | Path) -> Iterator[OpenWatch]:
 
 
 def in_process_round_trip(watch: OpenWatch | None = None, calls: list[str] | None = None) -> Any:
-    """A stand-in for ``nodes.signer_client.signer_round_trip``: the worker's task, run
+    """A stand-in for ``nodes.access.signer_client.signer_round_trip``: the worker's task, run
     here (the watch paused: what the worker opens is not the web's)."""
     from controlplane.tasknames import USER_CA_ENSURE, USER_CERTIFICATE_SIGN
-    from nodes.signer import user_ca_public_key, user_certificate_sign
+    from nodes.access.signer import user_ca_public_key, user_certificate_sign
 
     services = {USER_CERTIFICATE_SIGN: user_certificate_sign, USER_CA_ENSURE: user_ca_public_key}
 

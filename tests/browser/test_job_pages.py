@@ -18,6 +18,7 @@ def log_in(page: Any, live_server: Any, username: str) -> None:
     page.wait_for_selector("nav.mainnav")
 
 
+@pytest.mark.nodes(2, "batch")
 def test_submit_from_the_form_and_watch_it_complete(
     page: Any,
     live_server: Any,

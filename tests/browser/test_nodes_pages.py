@@ -18,6 +18,7 @@ def log_in(page: Any, live_server: Any, username: str) -> None:
     page.wait_for_selector("nav.mainnav")
 
 
+@pytest.mark.exclusive
 def test_nodes_and_topology_show_the_dev_cluster(
     page: Any, live_server: Any, synced_devcluster: Any, researcher: Any, artifacts: Path
 ) -> None:
@@ -59,6 +60,7 @@ def test_nodes_and_topology_show_the_dev_cluster(
     page.screenshot(path=str(artifacts / "topology.png"), full_page=True)
 
 
+@pytest.mark.exclusive
 def test_operator_drains_and_resumes_from_the_page(
     page: Any, live_server: Any, synced_devcluster: Any, operator: Any, devcluster: Any
 ) -> None:

@@ -101,6 +101,7 @@ def full_partition(dev_cluster_registered: Any, devcluster: Any) -> Iterator[dic
         devcluster.slurm(["scancel", blocker], check=False)
 
 
+@pytest.mark.nodes(2, "batch")
 def test_a_pending_job_shows_its_reason_and_expected_start(
     page: Any,
     live_server: Any,

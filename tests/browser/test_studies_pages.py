@@ -35,6 +35,7 @@ def start(page: Any, live_server: Any, kind: str, batch: str) -> str:
     return str(page.url)
 
 
+@pytest.mark.nodes(2, "batch")
 def test_strong_and_weak_studies_show_tables_and_charts(
     page: Any,
     live_server: Any,

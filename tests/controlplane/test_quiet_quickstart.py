@@ -119,7 +119,7 @@ def _record(name: str, level: int, message: str = "m") -> logging.LogRecord:
         ("celery.app.trace", logging.INFO, False),
         ("celery.worker.strategy", logging.INFO, False),
         ("django.server", logging.INFO, False),
-        ("nodes.slurm.transport", logging.INFO, False),
+        ("slurm.transport", logging.INFO, False),
         ("celery.app.trace", logging.ERROR, True),
         ("django.server", logging.WARNING, True),
         ("runs.lifecycle.kind", logging.INFO, True),

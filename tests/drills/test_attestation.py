@@ -43,13 +43,13 @@ from factories import (
 )
 from jobs.models import Checkpoint, Job, MetricPoint, StateFingerprint
 from jobs.services import job_resume
-from nodes.identities import check_account
+from nodes.access.identities import check_account
 from nodes.models import Cluster, ClusterIdentity
-from nodes.slurm.errors import RemoteFileNotFound, SftpError
-from nodes.slurm.parsers.models import SlurmJob
-from nodes.slurm.sftp import StatResult
-from nodes.slurm.transport import ExecResult
 from runs import lifecycle as runs_lifecycle
+from slurm.errors import RemoteFileNotFound, SftpError
+from slurm.parsers.models import SlurmJob
+from slurm.sftp import StatResult
+from slurm.transport import ExecResult
 from trainer.schema import DRILL_SCHEMA, Reason
 
 pytestmark = pytest.mark.django_db

@@ -14,8 +14,8 @@ from drills import lifecycle
 from drills.lifecycle import DRILLS
 from drills.models import RestoreDrill
 from factories import CheckpointFactory
-from nodes.slurm.parsers import SlurmJob
 from runs.lifecycle import SlurmViews
+from slurm.parsers import SlurmJob
 from trainer.schema import DRILL_SCHEMA
 
 pytestmark = pytest.mark.django_db

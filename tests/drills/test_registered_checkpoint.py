@@ -31,7 +31,7 @@ from factories import CheckpointFactory, JobFactory
 from jobs.ingest import checkpoint_register
 from jobs.models import Checkpoint, Job, MetricPoint, StateFingerprint
 from jobs.services import job_resume
-from nodes.slurm.transport import ExecResult
+from slurm.transport import ExecResult
 from trainer.schema import DRILL_REFERENCE_SCHEMA, Reason, manifest_digest
 
 pytestmark = pytest.mark.django_db

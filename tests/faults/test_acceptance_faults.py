@@ -125,6 +125,7 @@ def _record(kind: str, run: AcceptanceRun, wall_s: float, **extra: Any) -> dict[
     return record
 
 
+@pytest.mark.exclusive
 @pytest.mark.parametrize("trial", range(TRIALS))
 def test_a_slowed_node_is_convicted_and_a_healthy_set_never(
     trial: int,
@@ -168,6 +169,7 @@ def test_a_slowed_node_is_convicted_and_a_healthy_set_never(
     assert slowed.convicted == [slow], (slowed.convicted, slowed.reason)
 
 
+@pytest.mark.exclusive
 def test_a_full_certificate_and_the_time_of_each_tier(
     dev_cluster_registered: Cluster,
     celery_stack: Any,

@@ -34,7 +34,7 @@ from recovery_support import (
 from rest_framework.test import APIClient
 
 from celery_support import wait_until
-from devcluster_support import DevCluster
+from devcluster_support import DevCluster, LoginNode
 from drills.models import RestoreDrill
 from fault_support import SACCT_DOWN, FaultReport
 from jobs.models import Checkpoint, Job
@@ -140,6 +140,8 @@ def _record(report: FaultReport, fault: str, ok: bool, notes: str) -> None:
     row.notes = notes
 
 
+@pytest.mark.slow
+@pytest.mark.nodes(2)
 @trials
 def test_a_stopped_rank_is_a_hang_named_and_left_out(
     trial: int,
@@ -168,6 +170,7 @@ def test_a_stopped_rank_is_a_hang_named_and_left_out(
     )
 
 
+@pytest.mark.nodes(2)
 @full_only
 @trials
 def test_a_killed_rank_is_a_crash_named_and_left_out(
@@ -202,6 +205,8 @@ def test_a_killed_rank_is_a_crash_named_and_left_out(
     )
 
 
+@pytest.mark.slow
+@pytest.mark.nodes(1)
 @trials
 def test_nan_weights_resume_below_the_divergence(
     trial: int,
@@ -245,6 +250,7 @@ def test_nan_weights_resume_below_the_divergence(
     )
 
 
+@pytest.mark.exclusive
 @full_only
 @trials
 def test_a_slow_node_is_named_and_left_out(
@@ -280,6 +286,7 @@ def test_a_slow_node_is_named_and_left_out(
     _record(fault_report, "recovery: slow node (cgroup CPU quota 15%)", True, f"named {node}")
 
 
+@pytest.mark.nodes(2)
 @full_only
 @trials
 def test_a_damaged_newest_checkpoint_is_drilled_and_skipped(
@@ -376,6 +383,7 @@ def _node_back(devcluster: DevCluster, node: str) -> None:
     raise AssertionError(f"{node} did not come back: {state!r}")
 
 
+@pytest.mark.exclusive
 @trials
 def test_a_dead_node_is_named_from_slurms_view_and_left_out(
     trial: int,
@@ -429,6 +437,7 @@ sleep 120
 """
 
 
+@pytest.mark.nodes(2)
 def test_gantry_blind_is_never_a_recovery(
     recovering_cluster: Cluster,
     celery_stack: Any,
@@ -436,6 +445,7 @@ def test_gantry_blind_is_never_a_recovery(
     devcluster: DevCluster,
     fault_report: FaultReport,
     request: Any,
+    own_login_node: LoginNode,
 ) -> None:
     jobs = [
         submit(
@@ -451,15 +461,15 @@ def test_gantry_blind_is_never_a_recovery(
         request.addfinalizer(lambda job=job: cancel_lineage(researcher_api, job))
     _running_past(jobs[0], 200)
     # Blind for longer than the hang floor, three ways in a row.
-    with devcluster.shim("sacct", SACCT_DOWN):
+    with own_login_node.shim("sacct", SACCT_DOWN):
         time.sleep(20)
-        with devcluster.shim("squeue", SQUEUE_SLOW):
+        with own_login_node.shim("squeue", SQUEUE_SLOW):
             time.sleep(40)
-    devcluster.sshd_stop()
+    own_login_node.sshd_stop()
     try:
         time.sleep(40)
     finally:
-        devcluster.sshd_start()
+        own_login_node.sshd_start()
     ids = [job.id for job in jobs]
     wait_until(
         lambda: (
@@ -498,6 +508,7 @@ def _keep_killing(node: str, stop: threading.Event) -> None:
         stop.wait(0.5)
 
 
+@pytest.mark.exclusive
 @full_only
 def test_a_node_that_kills_every_attempt_holds_the_job_without_exclusion(
     recovering_cluster: Cluster,

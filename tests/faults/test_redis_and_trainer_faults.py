@@ -99,6 +99,7 @@ def use_broker(url: str) -> None:
     celery_app._local.__dict__.pop("backend", None)  # type: ignore[attr-defined]
 
 
+@pytest.mark.exclusive
 def test_redis_restart_loses_no_work_and_pages_keep_serving(
     dev_cluster_registered: Cluster,
     researcher_api: APIClient,
@@ -159,6 +160,7 @@ def test_redis_restart_loses_no_work_and_pages_keep_serving(
     assert duplicates == 0 and lost == 0, details
 
 
+@pytest.mark.nodes(1)
 def test_trainer_killed_mid_checkpoint(
     dev_cluster_registered: Cluster,
     celery_stack: Any,

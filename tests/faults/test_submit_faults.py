@@ -19,7 +19,7 @@ from django.db import connection
 from rest_framework.test import APIClient
 
 from celery_support import database_url_for, flush_test_broker, start_beat, start_worker
-from devcluster_support import DevCluster
+from devcluster_support import DevCluster, LoginNode
 from drills.models import RestoreDrill
 from fault_support import (
     ACCOUNTING_DISABLED,
@@ -37,7 +37,7 @@ from fault_support import (
 )
 from jobs.models import Job, JobEvent
 from nodes.models import Cluster
-from nodes.slurm import commands as slurm_commands
+from slurm import commands as slurm_commands
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -69,16 +69,18 @@ def _states(job_ids: list[str]) -> dict[str, int]:
     return counts
 
 
+@pytest.mark.nodes(2)
 def test_slow_sbatch_is_never_sent_twice(
     dev_cluster_registered: Cluster,
     fault_stack: Any,
     researcher_api: APIClient,
     devcluster: DevCluster,
     fault_report: FaultReport,
+    own_login_node: LoginNode,
 ) -> None:
     """sbatch answers only after Gantry's command timeout: the outcome is unknown, the job
     waits in submit_unknown, its Slurm job lands late and is adopted, never submitted again."""
-    with devcluster.shim("sbatch", SLOW_SBATCH):
+    with own_login_node.shim("sbatch", SLOW_SBATCH):
         job_ids = submit_tiny(researcher_api, SUBMIT_TRIALS, name="slow-sbatch")
         done = _all_final(job_ids, timeout=120 + SUBMIT_TRIALS * 25)
     duplicates, lost, details = duplicates_and_lost(devcluster, job_ids)
@@ -99,16 +101,18 @@ def test_slow_sbatch_is_never_sent_twice(
     assert states == {"completed": len(job_ids)}, details
 
 
+@pytest.mark.nodes(2)
 def test_lost_answer_is_adopted_not_resubmitted(
     dev_cluster_registered: Cluster,
     fault_stack: Any,
     researcher_api: APIClient,
     devcluster: DevCluster,
     fault_report: FaultReport,
+    own_login_node: LoginNode,
 ) -> None:
     """sbatch submits, then the SSH connection drops before its answer: the job is found by
     its tag and adopted."""
-    with devcluster.shim("sbatch", LOST_ANSWER_SBATCH):
+    with own_login_node.shim("sbatch", LOST_ANSWER_SBATCH):
         job_ids = submit_tiny(researcher_api, SUBMIT_TRIALS, name="lost-answer")
         done = _all_final(job_ids, timeout=90 + SUBMIT_TRIALS * 15)
     duplicates, lost, details = duplicates_and_lost(devcluster, job_ids)
@@ -129,18 +133,20 @@ def test_lost_answer_is_adopted_not_resubmitted(
     assert states == {"completed": len(job_ids)}, details
 
 
+@pytest.mark.nodes(2)
 def test_sacct_down_the_queue_is_still_applied(
     dev_cluster_registered: Cluster,
     fault_stack: Any,
     researcher_api: APIClient,
     devcluster: DevCluster,
     fault_report: FaultReport,
+    own_login_node: LoginNode,
 ) -> None:
     """The accounting database is down: squeue is still applied every cycle, the cluster
     shows the failure, jobs finish from their exit records (no job is declared lost), and
     when sacct answers again the failure clears."""
     cluster_id = dev_cluster_registered.pk
-    with devcluster.shim("sacct", SACCT_DOWN):
+    with own_login_node.shim("sacct", SACCT_DOWN):
         job_ids = submit_tiny(researcher_api, SUBMIT_TRIALS, name="sacct-down")
         job_ids += submit_tiny(
             researcher_api,
@@ -172,6 +178,7 @@ def test_sacct_down_the_queue_is_still_applied(
     assert cleared, "the accounting error should clear once sacct answers"
 
 
+@pytest.mark.nodes(2)
 def test_a_cluster_without_accounting_sees_jobs_finish(
     dev_cluster_registered: Cluster,
     fault_stack: Any,
@@ -179,12 +186,13 @@ def test_a_cluster_without_accounting_sees_jobs_finish(
     operator_api: APIClient,
     devcluster: DevCluster,
     fault_report: FaultReport,
+    own_login_node: LoginNode,
 ) -> None:
     """A cluster whose sacct says accounting is disabled is supported: the probe records it,
     and jobs are resolved from squeue and the exit record their batch script writes."""
     cluster_id = dev_cluster_registered.pk
     try:
-        with devcluster.shim("sacct", ACCOUNTING_DISABLED):
+        with own_login_node.shim("sacct", ACCOUNTING_DISABLED):
             probe = operator_api.post(f"/api/v1/clusters/{cluster_id}/probe/")
             assert probe.status_code == 200, probe.json()
             assert probe.json()["accounting_available"] is False
@@ -213,6 +221,7 @@ def test_a_cluster_without_accounting_sees_jobs_finish(
     assert duplicates == 0 and lost == 0, details
 
 
+@pytest.mark.nodes(2)
 def test_an_extra_slurm_job_with_a_taken_tag_is_cancelled(
     dev_cluster_registered: Cluster,
     fault_stack: Any,
@@ -251,6 +260,8 @@ def test_an_extra_slurm_job_with_a_taken_tag_is_cancelled(
     assert Job.objects.get(id=job_id).slurm_job_id != extra
 
 
+@pytest.mark.slow
+@pytest.mark.nodes(2)
 def test_worker_killed_inside_the_drill_submit_path(
     dev_cluster_registered: Cluster,
     researcher_api: APIClient,

@@ -24,8 +24,8 @@ from health.collection import health_collect
 from health.models import GpuHealth, HealthEvent, HealthSource, NodeHealth, NodeProbe
 from health.services import STALE_REASON
 from nodes.models import Cluster, Node
-from nodes.slurm.errors import SshTransientError
-from nodes.slurm.transport import ExecResult
+from slurm.errors import SshTransientError
+from slurm.transport import ExecResult
 
 pytestmark = pytest.mark.django_db
 NOW = datetime(2030, 5, 6, 12, 0, tzinfo=UTC)

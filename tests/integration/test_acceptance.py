@@ -66,11 +66,9 @@ def _thresholds(cluster: Cluster, busbw: float) -> None:
         )
 
 
-def test_a_run_over_two_nodes_issues_its_certificate_and_another_torch_is_named(
-    dev_cluster_registered: Cluster,
-    celery_stack: Any,
-    operator_api: APIClient,
-    devcluster: DevCluster,
+@pytest.mark.nodes(2, "batch")
+def test_a_run_over_two_nodes_issues_its_certificate(
+    dev_cluster_registered: Cluster, celery_stack: Any, operator_api: APIClient
 ) -> None:
     worker = celery_stack["worker"]
     # A threshold every working fabric passes: this test is about the run, not the speed.
@@ -96,8 +94,25 @@ def test_a_run_over_two_nodes_issues_its_certificate_and_another_torch_is_named(
     levels = {c["level"] for c in document["criteria"]}
     assert levels == {"node", "leaf"}
     assert all(c["measured_busbw"] and c["measured_busbw"] > 1.0 for c in document["criteria"])
-    # Then n2 alone gets another torch: the stack tier fails, and names n2 (of two nodes,
-    # the one that changed since its certificate above).
+    Node.objects.filter(cluster=dev_cluster_registered).update(acceptance_state="")
+
+
+@pytest.mark.exclusive
+def test_another_torch_on_one_node_is_named_against_its_last_certificate(
+    dev_cluster_registered: Cluster,
+    celery_stack: Any,
+    operator_api: APIClient,
+    devcluster: DevCluster,
+) -> None:
+    """n2 alone gets another torch (its slurmd restarted in a mount namespace of its own,
+    so this test owns the cluster): the stack tier fails, and names n2, of two nodes the
+    one that changed since its last certificate."""
+    worker = celery_stack["worker"]
+    before = _ended(_start(operator_api, dev_cluster_registered, ["inventory"]), worker)
+    assert before.state == "finished", before.reason
+    assert Certificate.objects.filter(run=before).exists()
+    inventory = before.steps.get(tier="inventory")
+    assert inventory.evidence["stack_differs"] == []
     torch_now = inventory.evidence["nodes"]["n2"]["stack"]["torch"]
     with another_torch_on(devcluster, "n2") as other:
         again = _ended(_start(operator_api, dev_cluster_registered, ["inventory"]), worker)
@@ -111,6 +126,7 @@ def test_a_run_over_two_nodes_issues_its_certificate_and_another_torch_is_named(
     Node.objects.filter(cluster=dev_cluster_registered).update(acceptance_state="")
 
 
+@pytest.mark.exclusive
 @pytest.mark.skipif(not (CGROUP_CPU / "cpu.cfs_quota_us").exists(), reason="no cgroup v1 cpu")
 def test_a_slowed_node_is_convicted_and_no_other(
     dev_cluster_registered: Cluster, celery_stack: Any, operator_api: APIClient

@@ -51,6 +51,8 @@ def _ended(run: AcceptanceRun, worker: Any, timeout: float) -> AcceptanceRun:
     return wait_until(ended, timeout=timeout, what=what)
 
 
+@pytest.mark.slow
+@pytest.mark.nodes(2, "gpu")
 def test_the_sustained_tier_measures_a_minute_of_training(
     dev_cluster_registered: Cluster, celery_stack: Any, operator_api: APIClient
 ) -> None:
@@ -81,6 +83,8 @@ def test_the_sustained_tier_measures_a_minute_of_training(
     assert document["scale"]["world_size"] == 4
 
 
+@pytest.mark.slow
+@pytest.mark.nodes(2, "gpu")
 def test_the_recovery_tier_recovers_a_killed_rank_and_drills_the_recovered_run(
     dev_cluster_registered: Cluster,
     celery_stack: Any,

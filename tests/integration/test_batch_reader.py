@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from nodes.cluster_access import transport_as, transport_for
+from nodes.access.cluster import transport_as, transport_for
 from nodes.models import Cluster
 from runs.rundir import RunDirectories
 from runs.rundir_batch import BatchReader, FileRequest
@@ -39,6 +39,7 @@ def _run_directory(cluster: Cluster, job_id: str) -> str:
     return directory
 
 
+@pytest.mark.nodes(0)
 def test_the_service_account_reads_every_area_in_one_command(
     dev_cluster_registered: Cluster,
 ) -> None:

@@ -14,8 +14,8 @@ from celery_support import database_url_for, start_worker, wait_until
 from core.models import AuditEvent
 from devcluster_support import DevCluster
 from nodes.models import Cluster, Gpu, Link, Node, NodeEvent, Partition, Switch
-from nodes.slurm.transport import close_all
 from nodes.sync import cluster_sync
+from slurm.transport import close_all
 
 
 def register_payload(devcluster: DevCluster, **overrides: Any) -> dict[str, Any]:
@@ -35,7 +35,6 @@ def register_payload(devcluster: DevCluster, **overrides: Any) -> dict[str, Any]
 
 @pytest.fixture
 def registered(devcluster: DevCluster, operator_api: APIClient) -> Cluster:
-    devcluster.wait_quiet()
     close_all()
     response = operator_api.post(
         "/api/v1/clusters/register/", register_payload(devcluster), format="json"
@@ -47,6 +46,7 @@ def registered(devcluster: DevCluster, operator_api: APIClient) -> Cluster:
     return cluster
 
 
+@pytest.mark.nodes(0)
 @pytest.mark.django_db
 def test_register_pins_the_host_key_and_probes(
     devcluster: DevCluster, operator_api: APIClient
@@ -72,6 +72,7 @@ def test_register_pins_the_host_key_and_probes(
     assert AuditEvent.objects.filter(action="cluster.register").count() == 1
 
 
+@pytest.mark.nodes(0)
 @pytest.mark.django_db
 def test_without_a_fingerprint_trust_on_first_use_is_an_explicit_choice(
     devcluster: DevCluster, operator_api: APIClient
@@ -102,11 +103,12 @@ def test_without_a_fingerprint_trust_on_first_use_is_an_explicit_choice(
 
 
 def cluster_key_path(cluster: Cluster) -> str:
-    from nodes.cluster_access import private_key_path
+    from nodes.access.cluster import private_key_path
 
     return str(private_key_path(cluster))
 
 
+@pytest.mark.exclusive
 @pytest.mark.django_db
 def test_sync_brings_nodes_gpus_partitions_and_the_switch_tree(registered: Cluster) -> None:
     nodes = {node.name: node for node in Node.objects.filter(cluster=registered)}
@@ -135,6 +137,7 @@ def test_sync_brings_nodes_gpus_partitions_and_the_switch_tree(registered: Clust
     assert NodeEvent.objects.count() == events_before
 
 
+@pytest.mark.exclusive
 @pytest.mark.django_db
 def test_drain_and_resume_n2_through_the_api(
     registered: Cluster, devcluster: DevCluster, operator_api: APIClient, researcher_api: APIClient
@@ -172,6 +175,7 @@ def test_drain_and_resume_n2_through_the_api(
     assert list(n2.events.values_list("kind", flat=True)[:2]) == ["resume", "drain"]
 
 
+@pytest.mark.nodes(0)
 @pytest.mark.django_db
 def test_wrong_expected_fingerprint_is_refused(
     devcluster: DevCluster, operator_api: APIClient
@@ -188,6 +192,7 @@ def test_wrong_expected_fingerprint_is_refused(
     assert not Cluster.objects.exists()
 
 
+@pytest.mark.nodes(0)
 @pytest.mark.django_db
 def test_changed_host_key_puts_the_cluster_in_error_and_keeps_the_inventory(
     registered: Cluster,
@@ -209,6 +214,7 @@ def test_changed_host_key_puts_the_cluster_in_error_and_keeps_the_inventory(
     close_all()
 
 
+@pytest.mark.nodes(0)
 @pytest.mark.django_db
 def test_unreachable_port_and_bad_key_are_clear_refusals(
     devcluster: DevCluster, operator_api: APIClient
@@ -237,6 +243,7 @@ def test_unreachable_port_and_bad_key_are_clear_refusals(
     assert not Cluster.objects.exists()
 
 
+@pytest.mark.nodes(0)
 @pytest.mark.django_db(transaction=True)
 def test_sync_now_runs_on_a_real_worker(
     registered: Cluster, operator_api: APIClient, tmp_path: Path, request: Any
@@ -256,6 +263,7 @@ def test_sync_now_runs_on_a_real_worker(
     assert Cluster.objects.get(pk=registered.pk).sync_status == "ok"
 
 
+@pytest.mark.nodes(0)
 @pytest.mark.django_db
 def test_register_from_the_admin(devcluster: DevCluster, operator: Any, client: Any) -> None:
     close_all()

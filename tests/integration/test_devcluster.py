@@ -63,6 +63,7 @@ def _sacct_job(ssh: paramiko.SSHClient, cluster: DevCluster, job_id: str) -> dic
     return None
 
 
+@pytest.mark.nodes(0)
 def test_status_reports_all_up(devcluster: DevCluster) -> None:
     proc = devcluster.status()
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -72,6 +73,7 @@ def test_status_reports_all_up(devcluster: DevCluster) -> None:
     assert all(_proc_alive(pid) for pid in devcluster.pids().values())
 
 
+@pytest.mark.nodes(0)
 def test_second_up_is_idempotent_and_fast(devcluster: DevCluster) -> None:
     before = devcluster.pids()
     env_before = (devcluster.dir / "gantry.env").read_text()
@@ -85,6 +87,7 @@ def test_second_up_is_idempotent_and_fast(devcluster: DevCluster) -> None:
     assert elapsed < 10, f"a second 'up' took {elapsed:.1f}s"
 
 
+@pytest.mark.nodes(0)
 def test_env_file_describes_the_cluster(devcluster: DevCluster) -> None:
     assert devcluster.name == "devcluster"
     assert (devcluster.host, devcluster.port, devcluster.user) == ("127.0.0.1", 2222, "gantry")
@@ -96,6 +99,7 @@ def test_env_file_describes_the_cluster(devcluster: DevCluster) -> None:
     assert Path(devcluster.workdir).is_dir()
 
 
+@pytest.mark.nodes(0)
 def test_ssh_login_and_sinfo(devcluster: DevCluster, ssh: paramiko.SSHClient) -> None:
     # the server's key is the one the env file's fingerprint names
     transport = ssh.get_transport()
@@ -116,6 +120,7 @@ def test_ssh_login_and_sinfo(devcluster: DevCluster, ssh: paramiko.SSHClient) ->
     }
 
 
+@pytest.mark.nodes(0)
 def test_ssh_rejects_unknown_host_key(devcluster: DevCluster, tmp_path: Path) -> None:
     client = paramiko.SSHClient()
     client.set_missing_host_key_policy(paramiko.RejectPolicy())  # empty known_hosts
@@ -132,6 +137,7 @@ def test_ssh_rejects_unknown_host_key(devcluster: DevCluster, tmp_path: Path) ->
     client.close()
 
 
+@pytest.mark.nodes(0)
 def test_topology(devcluster: DevCluster, ssh: paramiko.SSHClient) -> None:
     rc, out, err = _ssh(devcluster, ssh, "scontrol show topology")
     assert rc == 0, err
@@ -140,6 +146,7 @@ def test_topology(devcluster: DevCluster, ssh: paramiko.SSHClient) -> None:
     assert re.search(r"SwitchName=spine .*Switches=leaf\[1-2\]", out)
 
 
+@pytest.mark.nodes(2, "batch")
 def test_two_node_gpu_job_is_accounted(devcluster: DevCluster, ssh: paramiko.SSHClient) -> None:
     rc, out, err = _ssh(
         devcluster,
@@ -190,6 +197,7 @@ os._exit(0)  # skip interpreter teardown (a rare abort at shutdown, DEVCLUSTER.m
 """
 
 
+@pytest.mark.nodes(2, "batch")
 def test_torch_gloo_allreduce_on_two_nodes(devcluster: DevCluster, ssh: paramiko.SSHClient) -> None:
     if not devcluster.python_ready:
         pytest.skip(
@@ -226,6 +234,7 @@ def test_torch_gloo_allreduce_on_two_nodes(devcluster: DevCluster, ssh: paramiko
     assert {line.split("node=")[1].split()[0] for line in lines} == {"n1", "n2"}
 
 
+@pytest.mark.exclusive
 def test_sshd_stop_start(devcluster: DevCluster) -> None:
     devcluster.sshd_stop()
     try:
@@ -238,6 +247,7 @@ def test_sshd_stop_start(devcluster: DevCluster) -> None:
     client.close()
 
 
+@pytest.mark.exclusive
 def test_down_up_cycle_leaves_no_strays(devcluster: DevCluster) -> None:
     before = devcluster.pids()
     assert set(before) == set(DAEMONS)
@@ -287,6 +297,7 @@ def test_down_up_cycle_leaves_no_strays(devcluster: DevCluster) -> None:
     assert up_s < 30, f"bring-up took {up_s:.1f}s"
 
 
+@pytest.mark.exclusive
 def test_stale_pid_files_are_handled(devcluster: DevCluster) -> None:
     """A pid file naming a process that is not ours must not be taken for a daemon."""
     run = devcluster.dir / "run"

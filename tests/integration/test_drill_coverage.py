@@ -276,6 +276,8 @@ def _damage_rows(
     return rows, clean_rows
 
 
+@pytest.mark.slow
+@pytest.mark.nodes(2, ("batch", "gpu"))
 def test_drill_coverage(
     dev_cluster_registered: Any,
     celery_stack: Any,

@@ -13,7 +13,7 @@ from drill_support import checkpoint_dir, run_job, start_drill, wait_finished, w
 from rest_framework.test import APIClient
 
 from celery_support import wait_until
-from devcluster_support import DevCluster, devcluster_env, owner_and_private_mode
+from devcluster_support import DevCluster, LoginNode, devcluster_env, owner_and_private_mode
 from drills.models import RestoreDrill
 from jobs.models import Checkpoint, Job
 from nodes.models import Cluster
@@ -119,6 +119,8 @@ def verified_cluster(dev_cluster_registered: Cluster, devcluster: DevCluster) ->
     return dev_cluster_registered
 
 
+@pytest.mark.slow
+@pytest.mark.nodes(2)
 def test_drills_pass_and_every_corruption_fails_with_its_reason(
     verified_cluster: Cluster,
     dev_cluster_registered: Any,
@@ -231,6 +233,7 @@ def _trainer_variant(marker: str) -> tuple[str, list[tuple[str, bytes]]]:
     return _digest_of(files), files
 
 
+@pytest.mark.nodes(2)
 def test_drill_runs_the_recorded_trainer_version_and_a_compatibility_drill_the_current(
     verified_cluster: Cluster,
     dev_cluster_registered: Any,
@@ -286,26 +289,28 @@ def test_drill_runs_the_recorded_trainer_version_and_a_compatibility_drill_the_c
     assert checkpoint.integrity != "failed"  # inconclusive never blocks resuming
 
 
+@pytest.mark.nodes(2)
 def test_sshd_down_gives_error_not_failed_and_drills_recover(
     dev_cluster_registered: Any,
     celery_stack: Any,
     researcher_api: APIClient,
     devcluster: DevCluster,
+    own_login_node: LoginNode,
 ) -> None:
     worker = celery_stack["worker"]
     job = wait_finished(run_job(researcher_api, steps=20, every=5, name="ssh-faults"), worker)
     checkpoints = {c.step: c for c in job.checkpoints.all()}
 
     # sshd down while a drill is submitted: it cannot run, which is an error, not a verdict.
-    devcluster.sshd_stop()
+    own_login_node.sshd_stop()
     try:
-        from nodes.slurm.transport import close_all
+        from slurm.transport import close_all
 
         close_all()
         drill_id = start_drill(researcher_api, checkpoints[5], steps=3)
         errored = wait_verdict(drill_id, worker, timeout=120)
     finally:
-        devcluster.sshd_start()
+        own_login_node.sshd_start()
     assert errored.verdict == "error", errored.reason
     assert "not a verdict on the checkpoint" in errored.reason
     checkpoints[5].refresh_from_db()
@@ -319,7 +324,7 @@ def test_sshd_down_gives_error_not_failed_and_drills_recover(
         timeout=60,
         what="the drill's Slurm job",
     )
-    devcluster.sshd_stop()
+    own_login_node.sshd_stop()
     try:
         wait_until(
             lambda: (
@@ -332,11 +337,12 @@ def test_sshd_down_gives_error_not_failed_and_drills_recover(
         )
         assert RestoreDrill.objects.get(id=drill_id).is_active
     finally:
-        devcluster.sshd_start()
+        own_login_node.sshd_start()
     recovered = wait_verdict(drill_id, worker, timeout=120)
     assert recovered.verdict == "passed", recovered.reason
 
 
+@pytest.mark.nodes(2)
 def test_policy_drills_a_running_job(
     dev_cluster_registered: Any,
     celery_stack: Any,
@@ -382,6 +388,8 @@ def _sacct_user(devcluster: DevCluster, slurm_job_id: str) -> str:
     return out.strip()
 
 
+@pytest.mark.slow
+@pytest.mark.nodes(2)
 def test_a_verifier_drill_runs_as_the_verifier_where_the_owner_cannot_write_and_proves(
     verified_cluster: Cluster,
     celery_stack: Any,

@@ -71,6 +71,7 @@ def _remove(hook: Path, made: Path | None) -> None:
         compiled.unlink(missing_ok=True)
 
 
+@pytest.mark.exclusive
 def test_a_usercustomize_in_the_researchers_home_never_runs_when_the_job_starts(
     dev_cluster_registered: Cluster,
     celery_stack: Any,

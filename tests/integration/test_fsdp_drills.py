@@ -12,6 +12,7 @@ from drill_damage import SHARDED_KINDS
 from drill_support import checkpoint_dir, start_drill, wait_finished, wait_verdict
 from rest_framework.test import APIClient
 
+import lanes
 from devcluster_support import DevCluster
 from jobs.models import Job
 
@@ -23,7 +24,7 @@ def run_fsdp_job(api: APIClient, *, steps: int, every: int, name: str, nodes: in
         "/api/v1/jobs/submit/",
         {
             "name": name,
-            "partition": "batch",
+            "partition": lanes.assigned_partition(),
             "nodes": nodes,
             "gpus_per_node": 1,
             "tasks_per_node": 1,
@@ -42,6 +43,7 @@ def run_fsdp_job(api: APIClient, *, steps: int, every: int, name: str, nodes: in
     return Job.objects.get(id=response.json()["id"])
 
 
+@pytest.mark.nodes(2)
 def test_fsdp_job_on_two_nodes_drills_onto_one_and_a_missing_shard_is_named(
     dev_cluster_registered: Any,
     celery_stack: Any,

@@ -16,6 +16,7 @@ from django.db import connection
 from django.db.models import Sum
 from rest_framework.test import APIClient
 
+import lanes
 from celery_support import (
     STACK_ENV,
     database_url_for,
@@ -45,6 +46,7 @@ def finished(job_id: str) -> bool:
     return job.is_final and job.files_final
 
 
+@pytest.mark.nodes(1)
 def test_killed_and_resumed_job_ledger_and_one_signed_post_per_event(
     dev_cluster_registered: Any,
     researcher_api: APIClient,
@@ -110,7 +112,7 @@ def _kill_and_resume(api: APIClient, worker: Any) -> tuple[str, str, int]:
         "/api/v1/jobs/submit/",
         {
             "name": "killed-mid-run",
-            "partition": "batch",
+            "partition": lanes.assigned_partition(),
             "nodes": 1,
             "gpus_per_node": 0,
             "tasks_per_node": 1,

@@ -51,6 +51,7 @@ def _has_xid(path: Path) -> bool:
     return "Xid" in str(kernel_log.get("stdout", ""))
 
 
+@pytest.mark.exclusive
 def test_the_hook_writes_probes_and_a_faulty_node_is_avoided(
     devcluster: DevCluster, dev_cluster_registered: Any, researcher_api: APIClient
 ) -> None:

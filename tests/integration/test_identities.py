@@ -36,6 +36,7 @@ def _owner_and_mode(path: str) -> tuple[str, int]:
     return owner_and_private_mode(path, readers)
 
 
+@pytest.mark.nodes(2)
 def test_two_researchers_jobs_run_as_their_own_unix_users(
     dev_cluster_registered: Cluster,
     celery_stack: Any,
@@ -97,14 +98,15 @@ def _sshd_log(devcluster: DevCluster) -> str:
     return (devcluster.dir / "log" / "sshd.log").read_text(errors="replace")
 
 
+@pytest.mark.nodes(0)
 def test_an_expired_certificate_is_refused_and_gantry_signs_a_new_one(
     dev_cluster_registered: Cluster, devcluster: DevCluster, tmp_path: Path
 ) -> None:
-    from nodes.cluster_access import ssh_config_as, transport_as
-    from nodes.slurm.certificates import SignedKey, signed_key
-    from nodes.slurm.connect import open_client
-    from nodes.slurm.errors import SshAuthenticationError
-    from nodes.slurm.transport import close_all
+    from nodes.access.cluster import ssh_config_as, transport_as
+    from slurm.certificates import SignedKey, signed_key
+    from slurm.connect import open_client
+    from slurm.errors import SshAuthenticationError
+    from slurm.transport import close_all
 
     close_all()
     config = ssh_config_as(dev_cluster_registered, "alice")
@@ -131,7 +133,7 @@ def test_an_expired_certificate_is_refused_and_gantry_signs_a_new_one(
 
     # No CA sshd does not trust logs in (the service account: see
     # test_user_ca.py: Gantry cannot even make a certificate for it).
-    from nodes.slurm.certificates import generate_ca_private_key
+    from slurm.certificates import generate_ca_private_key
 
     stranger = tmp_path / "stranger_ca"
     stranger.write_bytes(generate_ca_private_key())
@@ -142,11 +144,12 @@ def test_an_expired_certificate_is_refused_and_gantry_signs_a_new_one(
     close_all()
 
 
+@pytest.mark.nodes(0)
 def test_the_pool_keeps_one_connection_per_identity_within_its_limits(
     dev_cluster_registered: Cluster, settings: Any
 ) -> None:
-    from nodes.cluster_access import transport_as, transport_for
-    from nodes.slurm.transport import close_all, close_idle, pool_connections
+    from nodes.access.cluster import transport_as, transport_for
+    from slurm.transport import close_all, close_idle, pool_connections
 
     close_all()
     settings.SSH_POOL_MAX_PER_CLUSTER = 2
@@ -178,6 +181,7 @@ def test_the_pool_keeps_one_connection_per_identity_within_its_limits(
     close_all()
 
 
+@pytest.mark.nodes(0)
 def test_an_account_the_login_node_refuses_fails_the_job_saying_why(
     dev_cluster_registered: Cluster, operator: Any
 ) -> None:
@@ -185,7 +189,7 @@ def test_an_account_the_login_node_refuses_fails_the_job_saying_why(
     sent to Slurm, and the job says what to check, instead of retrying forever."""
     from factories import UserFactory
     from jobs.services import job_submit_to_slurm
-    from nodes.identities import cluster_identity_set
+    from nodes.access.identities import cluster_identity_set
 
     dave = UserFactory(username="dave-nowhere", role="researchers")
     cluster_identity_set(

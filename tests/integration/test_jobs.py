@@ -7,11 +7,12 @@ from typing import Any
 import pytest
 from rest_framework.test import APIClient
 
+import lanes
 from celery_support import wait_until
 from devcluster_support import DevCluster
 from jobs.models import Job
 from jobs.services import job_submit_to_slurm
-from nodes.slurm import commands as slurm_commands
+from slurm import commands as slurm_commands
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -21,7 +22,7 @@ TINY = {"preset": "tiny", "steps": 40, "checkpoint_every": 15}
 def submit(api: APIClient, **overrides: Any) -> str:
     body: dict[str, Any] = {
         "name": "ddp-2x1",
-        "partition": "batch",
+        "partition": lanes.assigned_partition(),
         "nodes": 2,
         "gpus_per_node": 1,
         "tasks_per_node": 1,
@@ -47,6 +48,7 @@ def slurm_jobs_tagged(devcluster: DevCluster, job_id: str) -> list[str]:
     return sorted(set(out.split()) | set(queue.split()))
 
 
+@pytest.mark.nodes(2, "batch")
 def test_two_node_ddp_job_runs_to_completion(
     dev_cluster_registered: Any, celery_stack: Any, researcher_api: APIClient
 ) -> None:
@@ -89,6 +91,7 @@ def test_two_node_ddp_job_runs_to_completion(
     assert checkpoints[0]["step"] == 40
 
 
+@pytest.mark.nodes(1)
 def test_cancel_while_running(
     dev_cluster_registered: Any, celery_stack: Any, researcher_api: APIClient
 ) -> None:
@@ -104,6 +107,7 @@ def test_cancel_while_running(
     assert state_of(job_id) == "cancelled"
 
 
+@pytest.mark.nodes(1)
 def test_submit_task_run_twice_leaves_exactly_one_slurm_job(
     dev_cluster_registered: Any, researcher_api: APIClient, devcluster: DevCluster
 ) -> None:

@@ -52,6 +52,7 @@ def pending_rows(cluster: Any, owner: Any, slurm_ids: list[str], partition: str)
     ]
 
 
+@pytest.mark.nodes(0)
 def test_one_squeue_start_per_refresh_whatever_the_number_of_jobs(
     dev_cluster_registered: Any, devcluster: Any, researcher: Any, settings: Any
 ) -> None:
@@ -87,6 +88,7 @@ def test_one_squeue_start_per_refresh_whatever_the_number_of_jobs(
         devcluster.slurm(["scancel", *ids], check=False)
 
 
+@pytest.mark.nodes(0)
 def test_hold_and_release_reach_slurm(
     dev_cluster_registered: Any, devcluster: Any, operator: Any
 ) -> None:

@@ -26,6 +26,7 @@ BODY: dict[str, Any] = {
 }
 
 
+@pytest.mark.nodes(2, "batch")
 def test_two_by_one_is_advised_under_one_leaf_and_runs_there(
     dev_cluster_registered: Any, celery_stack: Any, researcher_api: APIClient, researcher: Any
 ) -> None:

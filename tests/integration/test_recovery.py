@@ -30,6 +30,8 @@ def _losses(job: Job, low: int, high: int) -> dict[int, float]:
     return dict(job.metric_points.filter(step__gt=low, step__lte=high).values_list("step", "loss"))
 
 
+@pytest.mark.slow
+@pytest.mark.nodes(2)
 def test_a_killed_rank_is_recovered_from_a_proven_checkpoint_bit_exact(
     dev_cluster_registered: Any,
     celery_stack: Any,

@@ -29,6 +29,7 @@ from cryptography.hazmat.primitives.serialization import SSHCertificateBuilder, 
 from rest_framework.test import APIClient
 from signer_support import watching_opens
 
+import lanes
 from celery_support import wait_until
 from devcluster_support import DevCluster
 from jobs.models import Job
@@ -75,13 +76,14 @@ def _principals_of(key: paramiko.PKey) -> list[bytes]:
     return certificate.valid_principals
 
 
+@pytest.mark.nodes(0)
 def test_a_certificate_gantry_signs_for_alice_logs_in_as_alice_only(
     dev_cluster_registered: Cluster, devcluster: DevCluster
 ) -> None:
-    from nodes.cluster_access import ssh_config_as, user_ca_key_path
-    from nodes.slurm.certificates import signed_key
-    from nodes.slurm.connect import open_client
-    from nodes.slurm.errors import SshAuthenticationError
+    from nodes.access.cluster import ssh_config_as, user_ca_key_path
+    from slurm.certificates import signed_key
+    from slurm.connect import open_client
+    from slurm.errors import SshAuthenticationError
 
     config = ssh_config_as(dev_cluster_registered, "alice")
     assert config.certificate is not None
@@ -115,12 +117,13 @@ def test_a_certificate_gantry_signs_for_alice_logs_in_as_alice_only(
     client.close()
 
 
+@pytest.mark.nodes(0)
 def test_source_address_is_enforced_by_sshd(
     dev_cluster_registered: Cluster, devcluster: DevCluster
 ) -> None:
-    from nodes.cluster_access import transport_as
-    from nodes.slurm.errors import SshAuthenticationError
-    from nodes.slurm.transport import close_all
+    from nodes.access.cluster import transport_as
+    from slurm.errors import SshAuthenticationError
+    from slurm.transport import close_all
 
     close_all()
     log_start = len((devcluster.dir / "log" / "sshd.log").read_text(errors="replace"))
@@ -230,11 +233,12 @@ def _login(port: int, known: Path, user: str, key: paramiko.PKey) -> str | None:
         client.close()
 
 
+@pytest.mark.nodes(0)
 def test_where_root_may_log_in_by_key_no_gantry_certificate_does(
     dev_cluster_registered: Cluster, root_login_sshd: Any, tmp_path: Path, devcluster: DevCluster
 ) -> None:
-    from nodes.cluster_access import user_ca_key_path
-    from nodes.identities import sshd_config_lines
+    from nodes.access.cluster import user_ca_key_path
+    from nodes.access.identities import sshd_config_lines
 
     ca = user_ca_key_path(dev_cluster_registered)
     (tmp_path / "trusted").write_text(dev_cluster_registered.user_ca_public_key + "\n")
@@ -261,6 +265,7 @@ def test_where_root_may_log_in_by_key_no_gantry_certificate_does(
     assert _login(port, known, "alice", _forged(ca, "gantry:devcluster:alice")) == "alice"
 
 
+@pytest.mark.nodes(1)
 def test_the_web_role_streams_output_and_cancels_through_a_real_signer(
     dev_cluster_registered: Cluster,
     celery_stack: Any,
@@ -268,14 +273,14 @@ def test_the_web_role_streams_output_and_cancels_through_a_real_signer(
     devcluster: DevCluster,
     settings: Any,
 ) -> None:
-    from nodes.cluster_access import user_ca_key_path
-    from nodes.slurm.transport import close_all
+    from nodes.access.cluster import user_ca_key_path
+    from slurm.transport import close_all
 
     response = researcher_api.post(
         "/api/v1/jobs/submit/",
         {
             "name": "streamed",
-            "partition": "batch",
+            "partition": lanes.assigned_partition(),
             "nodes": 1,
             "tasks_per_node": 1,
             "time_limit_minutes": 5,
@@ -338,10 +343,9 @@ def own_ca_cluster(
     so a rotation touches no other test's CA; the dev sshd's trust in it is undone after."""
     from factories import map_personas
     from nodes.registration import cluster_register
-    from nodes.slurm.transport import close_all
+    from slurm.transport import close_all
 
     settings.SSH_DIR = tmp_path / "ssh"
-    devcluster.wait_quiet()
     close_all()
     cluster = cluster_register(
         actor=None,
@@ -364,15 +368,16 @@ def own_ca_cluster(
         _untrust(devcluster, line)
 
 
+@pytest.mark.nodes(0)
 def test_a_ca_rotation_keeps_logins_working_and_drops_the_old_ca(
     own_ca_cluster: Any, devcluster: DevCluster
 ) -> None:
     from django.core.management import call_command
 
-    from nodes.cluster_access import ssh_config_as, transport_as, user_ca_key_path
-    from nodes.slurm.connect import open_client
-    from nodes.slurm.errors import SshAuthenticationError
-    from nodes.slurm.transport import close_all
+    from nodes.access.cluster import ssh_config_as, transport_as, user_ca_key_path
+    from slurm.connect import open_client
+    from slurm.errors import SshAuthenticationError
+    from slurm.transport import close_all
 
     cluster, trusted = own_ca_cluster
     old_line = cluster.user_ca_public_key

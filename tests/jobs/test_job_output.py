@@ -18,8 +18,8 @@ from jobs import output
 from jobs.lifecycle import JOBS
 from jobs.models import Job
 from jobs.output import RangeNotSatisfiable, byte_range
-from nodes.slurm.errors import RemoteFileNotFound
 from runs.runtime import TRAINER_BOOTSTRAP, ScriptSpec, render_sbatch
+from slurm.errors import RemoteFileNotFound
 
 pytestmark = pytest.mark.django_db
 

@@ -19,12 +19,12 @@ from factories import ClusterFactory, JobFactory
 from jobs.lifecycle import JOBS
 from jobs.models import Job, JobEvent
 from jobs.pending_queue import job_pending_summary, pending_estimates_refresh
-from nodes.slurm import errors as slurm_errors
-from nodes.slurm.parsers import parse_squeue_start
+from slurm import errors as slurm_errors
+from slurm.parsers import parse_squeue_start
 
 pytestmark = pytest.mark.django_db
 
-RECORDED = Path(__file__).resolve().parents[1] / "nodes/slurm/data/slurm-22.05.8"
+RECORDED = Path(__file__).resolve().parents[1] / "slurm/data/slurm-22.05.8"
 
 
 @dataclass

@@ -9,8 +9,6 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from nodes.slurm.errors import SftpError, SshTransientError
-from nodes.slurm.sftp import StatResult
 from runs.runtime import (
     UserAreaError,
     run_dir,
@@ -18,6 +16,8 @@ from runs.runtime import (
     user_area,
     user_area_ensure,
 )
+from slurm.errors import SftpError, SshTransientError
+from slurm.sftp import StatResult
 
 
 @dataclass

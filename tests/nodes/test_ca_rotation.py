@@ -25,7 +25,7 @@ pytestmark = pytest.mark.django_db
 
 @pytest.fixture
 def cluster(settings: Any, tmp_path: Path) -> Cluster:
-    from nodes.identities import cluster_user_ca_ensure
+    from nodes.access.identities import cluster_user_ca_ensure
 
     settings.SSH_DIR = tmp_path / "ssh"
     cluster = ClusterFactory(name="rotcluster", user_ca_public_key="")
@@ -36,8 +36,8 @@ def cluster(settings: Any, tmp_path: Path) -> Cluster:
 
 def _signing_ca(cluster: Cluster) -> bytes:
     """The public key of the CA a certificate Gantry signs now names."""
-    from nodes.cluster_access import ssh_config_as
-    from nodes.slurm.certificates import sign_user_key
+    from nodes.access.cluster import ssh_config_as
+    from slurm.certificates import sign_user_key
 
     spec = ssh_config_as(cluster, "alice").certificate
     assert spec is not None
@@ -62,8 +62,8 @@ def _command(*args: str) -> str:
 def test_rotation_trusts_both_then_signs_with_the_new_and_drops_the_old(
     cluster: Cluster, operator: Any
 ) -> None:
-    from nodes.ca_rotation import user_ca_next_key_path
-    from nodes.cluster_access import user_ca_key_path
+    from nodes.access.ca_rotation import user_ca_next_key_path
+    from nodes.access.cluster import user_ca_key_path
 
     old = cluster.user_ca_public_key
     printed = _command("--cluster", "rotcluster")
@@ -99,8 +99,8 @@ def test_rotation_trusts_both_then_signs_with_the_new_and_drops_the_old(
 def test_a_finish_whose_rename_happened_completes_the_database_part(cluster: Cluster) -> None:
     import os
 
-    from nodes.ca_rotation import cluster_user_ca_rotate, user_ca_next_key_path
-    from nodes.cluster_access import user_ca_key_path
+    from nodes.access.ca_rotation import cluster_user_ca_rotate, user_ca_next_key_path
+    from nodes.access.cluster import user_ca_key_path
 
     cluster_user_ca_rotate(actor=None, cluster=cluster)
     cluster.refresh_from_db()
@@ -115,7 +115,7 @@ def test_a_finish_whose_rename_happened_completes_the_database_part(cluster: Clu
 def test_the_access_page_shows_both_lines_during_a_rotation(
     cluster: Cluster, researcher: Any, client: Any
 ) -> None:
-    from nodes.ca_rotation import cluster_user_ca_rotate
+    from nodes.access.ca_rotation import cluster_user_ca_rotate
 
     cluster_user_ca_rotate(actor=None, cluster=cluster)
     cluster.refresh_from_db()
@@ -143,7 +143,7 @@ def test_rotation_is_refused_where_the_ca_key_may_not_be_read(
 def test_operators_only(cluster: Cluster, researcher: Any) -> None:
     from django.core.exceptions import PermissionDenied
 
-    from nodes.ca_rotation import cluster_user_ca_rotate
+    from nodes.access.ca_rotation import cluster_user_ca_rotate
 
     with pytest.raises(PermissionDenied):
         cluster_user_ca_rotate(actor=researcher, cluster=cluster)

@@ -26,7 +26,7 @@ PRINCIPALS = REPO / "scripts" / "gantry-principals"
 
 @pytest.fixture
 def cluster(settings: Any, tmp_path: Path) -> Cluster:
-    from nodes.identities import cluster_user_ca_ensure
+    from nodes.access.identities import cluster_user_ca_ensure
 
     settings.SSH_DIR = tmp_path / "ssh"
     cluster = ClusterFactory(name="certcluster", ssh_user="gantry", user_ca_public_key="")
@@ -35,8 +35,8 @@ def cluster(settings: Any, tmp_path: Path) -> Cluster:
 
 
 def _sign(cluster: Cluster, account: str = "alice") -> serialization.SSHCertificate:
-    from nodes.cluster_access import ssh_config_as
-    from nodes.slurm.certificates import sign_user_key
+    from nodes.access.cluster import ssh_config_as
+    from slurm.certificates import sign_user_key
 
     config = ssh_config_as(cluster, account)
     assert config.certificate is not None
@@ -51,8 +51,8 @@ def _sign(cluster: Cluster, account: str = "alice") -> serialization.SSHCertific
 def test_gantry_refuses_to_sign_for_root_or_a_system_account(
     cluster: Cluster, account: str
 ) -> None:
-    from nodes.cluster_access import certificate_spec, ssh_config_as
-    from nodes.slurm.certificates import CertificateSpec
+    from nodes.access.cluster import certificate_spec, ssh_config_as
+    from slurm.certificates import CertificateSpec
 
     with pytest.raises(ValueError, match="system account"):
         ssh_config_as(cluster, account)
@@ -70,8 +70,8 @@ def test_gantry_refuses_to_sign_for_root_or_a_system_account(
 
 
 def test_gantry_refuses_to_sign_for_the_service_account(cluster: Cluster) -> None:
-    from nodes.cluster_access import certificate_spec
-    from nodes.slurm.certificates import CertificateSpec
+    from nodes.access.cluster import certificate_spec
+    from slurm.certificates import CertificateSpec
 
     with pytest.raises(ValueError, match="service account"):
         certificate_spec(cluster, "gantry")
@@ -157,7 +157,7 @@ def test_the_admin_sets_source_addresses_through_the_service(
 
 
 def _fresh_spec(**changes: Any) -> Any:
-    from nodes.slurm.certificates import CertificateSpec
+    from slurm.certificates import CertificateSpec
 
     values = {
         "cluster": "c1",
@@ -173,13 +173,13 @@ def _fresh_spec(**changes: Any) -> Any:
 def test_a_signers_answer_is_held_to_what_was_asked(tmp_path: Path) -> None:
     """A signer that answers with another key's certificate, another principal, a bare
     account name or other source addresses is refused: the web never logs in with it."""
-    from nodes.slurm.certificates import (
+    from slurm.certificates import (
         CertificateSpec,
         check_signed,
         generate_ca_private_key,
         sign_user_key,
     )
-    from nodes.slurm.errors import SshConfigurationError
+    from slurm.errors import SshConfigurationError
 
     ca = tmp_path / "ca"
     ca.write_bytes(generate_ca_private_key())
@@ -207,7 +207,7 @@ def test_a_signers_answer_is_held_to_what_was_asked(tmp_path: Path) -> None:
 
 
 def test_a_spec_needs_a_ca_file_or_a_signer_and_no_local_validity_with_a_signer() -> None:
-    from nodes.slurm.certificates import signed_key
+    from slurm.certificates import signed_key
 
     with pytest.raises(ValueError, match="CA key file or a signer"):
         _fresh_spec(signer=None)

@@ -44,7 +44,7 @@ def cluster(ssh_dir: Path) -> Cluster:
     for name in ("n1", "n2"):
         node = NodeFactory(cluster=cluster, name=name, partitions=["batch"], cpus_total=2)
         GpuFactory(node=node, index=0)
-    from nodes.identities import cluster_user_ca_ensure
+    from nodes.access.identities import cluster_user_ca_ensure
 
     cluster_user_ca_ensure(actor=None, cluster=cluster)
     return cluster
@@ -228,7 +228,7 @@ def test_one_user_per_account_and_one_account_per_user(
     cluster: Cluster, operator: Any, researcher: Any, other_researcher: Any
 ) -> None:
     from core.errors import FieldError
-    from nodes.identities import cluster_identity_set
+    from nodes.access.identities import cluster_identity_set
 
     with pytest.raises(FieldError, match="already mapped to rita-researcher"):
         cluster_identity_set(
@@ -247,8 +247,8 @@ def test_one_user_per_account_and_one_account_per_user(
 def test_the_ca_is_a_0600_file_its_public_half_shown_creation_audited(
     cluster: Cluster, ssh_dir: Path, operator: Any
 ) -> None:
-    from nodes.cluster_access import user_ca_key_path
-    from nodes.identities import cluster_user_ca_ensure
+    from nodes.access.cluster import user_ca_key_path
+    from nodes.access.identities import cluster_user_ca_ensure
 
     path = user_ca_key_path(cluster)
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
@@ -282,8 +282,8 @@ def test_the_ca_is_a_0600_file_its_public_half_shown_creation_audited(
 def test_certificates_name_one_principal_expire_in_minutes_and_grant_nothing_else(
     cluster: Cluster, settings: Any
 ) -> None:
-    from nodes.cluster_access import ssh_config_as
-    from nodes.slurm.certificates import sign_user_key
+    from nodes.access.cluster import ssh_config_as
+    from slurm.certificates import sign_user_key
 
     settings.SSH_CERTIFICATE_MINUTES = 7
     config = ssh_config_as(cluster, "alice")
@@ -311,8 +311,8 @@ def test_certificates_name_one_principal_expire_in_minutes_and_grant_nothing_els
 def test_gantry_never_logs_in_as_the_service_account_or_a_bad_name_for_a_user(
     cluster: Cluster,
 ) -> None:
-    from nodes.cluster_access import ssh_config_as
-    from nodes.slurm.errors import SshConfigurationError
+    from nodes.access.cluster import ssh_config_as
+    from slurm.errors import SshConfigurationError
 
     with pytest.raises(SshConfigurationError, match="service account"):
         ssh_config_as(cluster, "gantry")
@@ -327,8 +327,8 @@ def test_gantry_never_logs_in_as_the_service_account_or_a_bad_name_for_a_user(
 def test_user_keys_mode_makes_a_key_pair_the_user_installs(
     cluster: Cluster, operator: Any, researcher: Any
 ) -> None:
-    from nodes.cluster_access import user_key_path
-    from nodes.identities import cluster_user_auth_set
+    from nodes.access.cluster import user_key_path
+    from nodes.access.identities import cluster_user_auth_set
 
     cluster = cluster_user_auth_set(actor=operator, cluster=cluster, user_auth="user_keys")
     mine = api_for(researcher).get(f"/api/v1/clusters/{cluster.pk}/identity/").json()
@@ -346,7 +346,7 @@ def test_user_keys_mode_makes_a_key_pair_the_user_installs(
     page.force_login(researcher)
     html = page.get(f"/clusters/{cluster.pk}/access/").content.decode()
     assert mine["public_key"] in html and "PRIVATE KEY" not in html
-    from nodes.cluster_access import ssh_config_as
+    from nodes.access.cluster import ssh_config_as
 
     assert ssh_config_as(cluster, "alice").key_path == str(key)
 
@@ -359,7 +359,7 @@ def test_a_resume_runs_as_the_checkpoints_account_whoever_asks(
 ) -> None:
     from core.errors import FieldError
     from jobs.services import job_resume
-    from nodes.identities import cluster_identity_set
+    from nodes.access.identities import cluster_identity_set
 
     parent = JobFactory(owner=researcher, cluster=cluster, run_as="alice", state="completed")
     checkpoint = CheckpointFactory(job=parent, step=5)
@@ -393,7 +393,7 @@ def test_tag_matches_of_another_account_are_neither_adopted_nor_duplicates(
     cluster: Cluster, researcher: Any
 ) -> None:
     from jobs.lifecycle import JOBS
-    from nodes.slurm.parsers import SlurmJob
+    from slurm.parsers import SlurmJob
 
     job = JobFactory(owner=researcher, cluster=cluster, run_as="alice")
     found = [

@@ -21,7 +21,7 @@ from nodes.placement import (
     placement_quality,
     propose_placement,
 )
-from nodes.slurm.hostlist import expand, natural_key
+from slurm.hostlist import expand, natural_key
 
 NOON = datetime(2030, 5, 6, 12, 0, tzinfo=UTC)
 

@@ -1,4 +1,4 @@
-"""The certificate signer (``nodes.signer``), without a cluster or a Celery worker: what it
+"""The certificate signer (``nodes.access.signer``), without a cluster or a Celery worker: what it
 certifies (mapped accounts only, for the web's purpose, with its own database's principal,
 lifetime and source addresses), that a web process (``GANTRY_CA_KEY_ACCESS=signer``)
 never opens the CA key while it gets certificates and creates the CA, and how a missing
@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture
 def cluster(settings: Any, tmp_path: Path) -> Cluster:
-    from nodes.identities import cluster_user_ca_ensure
+    from nodes.access.identities import cluster_user_ca_ensure
 
     settings.SSH_DIR = tmp_path / "ssh"
     cluster = ClusterFactory(name="signcluster", ssh_user="gantry", user_ca_public_key="")
@@ -47,7 +47,7 @@ def _public_line() -> str:
 
 
 def _sign(**changes: Any) -> dict[str, Any]:
-    from nodes.signer import user_certificate_sign
+    from nodes.access.signer import user_certificate_sign
 
     request = {
         "cluster": "signcluster",
@@ -106,9 +106,9 @@ def test_the_signer_decides_principal_validity_and_source_addresses(
 def test_with_the_web_role_the_ca_key_is_never_opened(
     cluster: Cluster, settings: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from nodes import signer_client
-    from nodes.cluster_access import ssh_config_as, user_ca_key_path
-    from nodes.slurm.certificates import signed_key
+    from nodes.access import signer_client
+    from nodes.access.cluster import ssh_config_as, user_ca_key_path
+    from slurm.certificates import signed_key
 
     ca_path = user_ca_key_path(cluster)
     settings.CA_KEY_ACCESS = "signer"
@@ -130,9 +130,9 @@ def test_with_the_web_role_the_ca_key_is_never_opened(
 def test_with_the_web_role_creating_the_ca_goes_through_the_signer(
     settings: Any, tmp_path: Path, operator: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from nodes import signer_client
-    from nodes.cluster_access import user_ca_key_path
-    from nodes.identities import cluster_user_ca_ensure
+    from nodes.access import signer_client
+    from nodes.access.cluster import user_ca_key_path
+    from nodes.access.identities import cluster_user_ca_ensure
 
     settings.SSH_DIR = tmp_path / "ssh"
     settings.CA_KEY_ACCESS = "signer"
@@ -155,9 +155,9 @@ def test_no_signer_answering_is_a_passing_error_that_names_the_queue(
     from celery import current_app
     from celery.exceptions import TimeoutError as CeleryTimeoutError
 
-    from nodes.cluster_access import ssh_config_as
-    from nodes.slurm.certificates import signed_key
-    from nodes.slurm.errors import SshConfigurationError, SshTransientError
+    from nodes.access.cluster import ssh_config_as
+    from slurm.certificates import signed_key
+    from slurm.errors import SshConfigurationError, SshTransientError
 
     class Unanswered:
         def get(self, timeout: float) -> Any:

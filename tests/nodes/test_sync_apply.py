@@ -9,15 +9,15 @@ import pytest
 
 from factories import ClusterFactory
 from nodes.models import Cluster, Gpu, Node, NodeEvent, Switch
-from nodes.slurm.parsers import (
+from nodes.sync import apply_inventory, sync_backoff_seconds
+from slurm.parsers import (
     Inventory,
     parse_partitions,
     parse_sinfo_json,
     parse_topology,
 )
-from nodes.sync import apply_inventory, sync_backoff_seconds
 
-DATA = Path(__file__).resolve().parent / "slurm" / "data" / "slurm-22.05.8"
+DATA = Path(__file__).resolve().parents[1] / "slurm" / "data" / "slurm-22.05.8"
 
 pytestmark = pytest.mark.django_db
 

@@ -16,8 +16,8 @@ from django.db import connection
 
 from factories import ClusterFactory, UserFactory
 from nodes.models import Cluster, ClusterIdentity
-from nodes.slurm import certificates
-from nodes.slurm.errors import SshAuthenticationError, SshTransientError
+from slurm import certificates
+from slurm.errors import SshAuthenticationError, SshTransientError
 
 
 @pytest.fixture
@@ -58,7 +58,7 @@ def _racing_generate(monkeypatch: pytest.MonkeyPatch) -> list[str]:
             time.sleep(0.3)
         return pair
 
-    monkeypatch.setattr("nodes.identities.generate_key_pair", generate)
+    monkeypatch.setattr("nodes.access.identities.generate_key_pair", generate)
     return made
 
 
@@ -66,8 +66,8 @@ def _racing_generate(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 def test_two_makers_at_once_store_one_key_pair_whose_halves_match(
     keys_cluster: Cluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from nodes.cluster_access import user_key_path
-    from nodes.identities import _ensure_user_key
+    from nodes.access.cluster import user_key_path
+    from nodes.access.identities import _ensure_user_key
 
     identity = _identity(keys_cluster)
     made = _racing_generate(monkeypatch)
@@ -100,7 +100,7 @@ def test_two_makers_at_once_store_one_key_pair_whose_halves_match(
 
 
 def _make_in_child(path: str, start: Any, answers: Any) -> None:
-    from nodes.identities import user_key_pair_ensure
+    from nodes.access.identities import user_key_pair_ensure
 
     start.wait(10)
     answers.put(user_key_pair_ensure(Path(path), "gantry:keys:bob"))
@@ -127,8 +127,8 @@ def test_worker_processes_racing_for_one_key_all_get_the_stored_ones_public_half
 
 @pytest.mark.django_db
 def test_an_existing_key_is_kept_and_an_unusable_one_replaced(keys_cluster: Cluster) -> None:
-    from nodes.cluster_access import user_key_path
-    from nodes.identities import _ensure_user_key
+    from nodes.access.cluster import user_key_path
+    from nodes.access.identities import _ensure_user_key
 
     identity = _identity(keys_cluster)
     _ensure_user_key(keys_cluster, identity)
@@ -148,9 +148,9 @@ def test_an_existing_key_is_kept_and_an_unusable_one_replaced(keys_cluster: Clus
 def test_a_key_file_that_is_not_the_given_out_keys_pair_is_refused_before_login(
     keys_cluster: Cluster, operator: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from nodes.cluster_access import ssh_config_as, user_key_path
-    from nodes.identities import cluster_identity_set
-    from nodes.slurm.transport import SshTransport
+    from nodes.access.cluster import ssh_config_as, user_key_path
+    from nodes.access.identities import cluster_identity_set
+    from slurm.transport import SshTransport
 
     user = UserFactory()
     cluster_identity_set(actor=operator, cluster=keys_cluster, user=user, account="alice")

@@ -15,11 +15,11 @@ from django.utils import timezone
 from jobs.lifecycle import JOBS, final_values, job_event
 from jobs.models import Job, JobEvent
 from nodes.models import Cluster, Node
-from nodes.slurm.parsers import SlurmJob
 from recovery.cycle import recovery_cycle
 from recovery.models import Incident, RecoveryPolicy, SuspectNode
 from runs.lifecycle import ACCOUNTING_NONE, SlurmViews
 from runs.rundir import RunDirectory
+from slurm.parsers import SlurmJob
 
 from .test_recovery import _checkpoint, _failed_job
 

@@ -14,9 +14,6 @@ from django.utils import timezone
 from factories import ClusterFactory, JobFactory
 from jobs.lifecycle import JOBS
 from jobs.models import Job, JobEvent
-from nodes.slurm import commands as slurm_commands
-from nodes.slurm.client import TagLookup
-from nodes.slurm.parsers import SlurmJob
 from runs.lifecycle import (
     ACCOUNTING_DOWN,
     ACCOUNTING_NONE,
@@ -24,6 +21,9 @@ from runs.lifecycle import (
     slurm_views,
 )
 from runs.rundir import RunDirectory
+from slurm import commands as slurm_commands
+from slurm.client import TagLookup
+from slurm.parsers import SlurmJob
 
 pytestmark = pytest.mark.django_db
 
@@ -232,7 +232,7 @@ def test_sacct_down_lists_the_other_kinds_once_more() -> None:
 
     class Down(ViewsClient):
         def jobs_accounting(self, ids: list[str], *, start: Any) -> dict[str, SlurmJob]:
-            from nodes.slurm.errors import SlurmCommandError
+            from slurm.errors import SlurmCommandError
 
             raise SlurmCommandError("sacct failed", argv=["sacct"], rc=1, stderr="slurmdbd down")
 

@@ -14,10 +14,10 @@ import pytest
 
 from factories import JobFactory
 from jobs.models import Job
-from nodes.slurm.errors import SshError
-from nodes.slurm.parsers import SlurmJob
 from runs.lifecycle import ACCOUNTING_NONE, slurm_views
 from runs.rundir import EXIT_RECORD_MAX_BYTES, RunDirectories, list_run_directories, parse_listing
+from slurm.errors import SshError
+from slurm.parsers import SlurmJob
 
 
 @dataclass

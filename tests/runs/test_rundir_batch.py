@@ -18,7 +18,6 @@ import pytest
 from factories import ClusterFactory, JobFactory
 from jobs.models import Job, MetricPoint
 from jobs.rundir import run_files_read
-from nodes.slurm.errors import SlurmCommandError, SshTransientError
 from runs.rundir import RunDirectories
 from runs.rundir_batch import (
     BatchOutputError,
@@ -28,6 +27,7 @@ from runs.rundir_batch import (
     batch_target,
     parse_answer,
 )
+from slurm.errors import SlurmCommandError, SshTransientError
 
 WORKDIR = "/srv/gantry"
 

@@ -21,10 +21,10 @@ from typing import Any
 
 import pytest
 
-from nodes.slurm.errors import SlurmCommandError
 from runs.rundir import list_run_directories, parse_entry
 from runs.rundir_batch import BatchReader, FileRequest, Target
 from runs.runtime import service_read_grant
+from slurm.errors import SlurmCommandError
 
 OWNER, OTHER, SERVICE = "daemon", "bin", "nobody"
 PYTHON = "/usr/bin/python3"

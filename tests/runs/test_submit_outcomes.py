@@ -26,13 +26,13 @@ from factories import ClusterFactory, JobFactory
 from jobs.lifecycle import JOBS
 from jobs.models import Job, JobEvent
 from jobs.tasks import job_submit_task
-from nodes.cluster_access import user_ca_key_path
+from nodes.access.cluster import user_ca_key_path
 from nodes.models import Cluster
-from nodes.slurm import commands as slurm_commands
-from nodes.slurm.client import SlurmClient, TagLookup
-from nodes.slurm.errors import TRANSIENT_ERRORS, SshAuthenticationError, command_error
-from nodes.slurm.parsers import SlurmJob
-from nodes.slurm.transport import close_all
+from slurm import commands as slurm_commands
+from slurm.client import SlurmClient, TagLookup
+from slurm.errors import TRANSIENT_ERRORS, SshAuthenticationError, command_error
+from slurm.parsers import SlurmJob
+from slurm.transport import close_all
 
 pytestmark = pytest.mark.django_db
 
@@ -91,7 +91,7 @@ class SbatchTransport:
 def cluster(settings: Any, tmp_path: Path) -> Iterator[Cluster]:
     settings.SSH_DIR = tmp_path / "ssh"
     cluster = ClusterFactory(ssh_host="login.example.org", host_key_line="")
-    from nodes.identities import cluster_user_ca_ensure
+    from nodes.access.identities import cluster_user_ca_ensure
 
     cluster_user_ca_ensure(actor=None, cluster=cluster)
     yield cluster
@@ -296,7 +296,7 @@ def test_a_readable_sbatch_answer_still_submits_once(
 def test_run_files_gantry_may_not_write_fail_the_job_instead_of_looping(
     cluster: Cluster, tag_client: TagClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from nodes.slurm.errors import SftpError
+    from slurm.errors import SftpError
 
     def prepare(obj: Job, transport: Any) -> str:
         raise SftpError("write /srv/gantry/users/alice/runs/x/job.sbatch: permission denied")
@@ -316,7 +316,7 @@ def test_run_files_gantry_may_not_write_fail_the_job_instead_of_looping(
 def test_a_changed_host_key_holds_the_job_queued_with_the_reason(
     cluster: Cluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from nodes.slurm.errors import HostKeyMismatch
+    from slurm.errors import HostKeyMismatch
 
     class Intercepted:
         def find_jobs_by_tag(self, tag: str, *, since: Any = None) -> list[SlurmJob]:

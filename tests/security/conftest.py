@@ -153,7 +153,7 @@ def isolated_ssh_dir(settings: Any, tmp_path: Path) -> Path:
 def dead_cluster(db: Any, isolated_ssh_dir: Path) -> Any:
     """A cluster whose login host does not listen (127.0.0.1 port 1): every call that
     acts on it fails fast with 'connection refused' instead of reaching a real cluster."""
-    from nodes.cluster_access import cluster_key_dir, write_private_file
+    from nodes.access.cluster import cluster_key_dir, write_private_file
     from nodes.registration import KEY_FILE_NAME
 
     cluster = ClusterFactory(

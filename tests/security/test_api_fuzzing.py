@@ -27,7 +27,7 @@ from hypothesis import HealthCheck, Phase
 from security_support import error_shape_problem
 
 # About a minute of generated requests: in make test and make faults, not in make unit.
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.fuzzing]
 
 # Per operation and role. Roles without access stop at authentication or permission,
 # so fewer examples say as much there.

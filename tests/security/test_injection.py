@@ -24,9 +24,9 @@ import pytest
 from django.test import Client
 from security_support import make_private_key_text
 
-from nodes.slurm import commands as slurm_commands
-from nodes.slurm.connect import SshConfig
-from nodes.slurm.transport import SshTransport
+from slurm import commands as slurm_commands
+from slurm.connect import SshConfig
+from slurm.transport import SshTransport
 
 PAYLOADS = (
     ";touch {canary}",
@@ -286,6 +286,7 @@ def test_node_drain_reason_through_the_api(
 # ---------------------------------------------------------------- the real dev cluster
 
 
+@pytest.mark.exclusive
 @pytest.mark.integration
 def test_hostile_strings_reach_the_real_cluster_literally(
     dev_cluster_registered: Any,
@@ -297,7 +298,7 @@ def test_hostile_strings_reach_the_real_cluster_literally(
     """Through the real sshd and Slurm: echo, drain/resume with hostile reasons, and a
     job whose name is hostile, submitted with ``sbatch``."""
     from core.services import api_token_create
-    from nodes.cluster_access import slurm_client_for, transport_for
+    from nodes.access.cluster import slurm_client_for, transport_for
     from nodes.models import Node
 
     def token_secret(user: Any) -> str:

@@ -1,7 +1,7 @@
 """SSH private keys (the service account's, the user CA's, per-user keys): 0600 files in a
 0700 directory, never in the database, a page, the admin, the API or the logs. (Unknown
 and changed host keys are refused: see tests/integration/test_clusters.py and
-tests/nodes/slurm/.)"""
+tests/slurm/.)"""
 
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ GET_API = [
 
 
 def _key_text(cluster: Any) -> str:
-    from nodes.cluster_access import private_key_path
+    from nodes.access.cluster import private_key_path
 
     return private_key_path(cluster).read_text()
 
@@ -71,8 +71,8 @@ def _fragments(key_text: str) -> list[str]:
 
 
 def test_key_file_is_0600_in_a_0700_directory(dead_cluster: Any, isolated_ssh_dir: Path) -> None:
-    from nodes.cluster_access import known_hosts_path, private_key_path, user_ca_key_path
-    from nodes.identities import cluster_user_ca_ensure
+    from nodes.access.cluster import known_hosts_path, private_key_path, user_ca_key_path
+    from nodes.access.identities import cluster_user_ca_ensure
 
     cluster_user_ca_ensure(actor=None, cluster=dead_cluster)
     ca = user_ca_key_path(dead_cluster)
@@ -97,8 +97,8 @@ def test_private_key_never_shown(
     security_figures: Any,
 ) -> None:
     from factories import JobFactory
-    from nodes.cluster_access import user_ca_key_path, user_key_path
-    from nodes.identities import cluster_user_auth_set, cluster_user_ca_ensure
+    from nodes.access.cluster import user_ca_key_path, user_key_path
+    from nodes.access.identities import cluster_user_auth_set, cluster_user_ca_ensure
 
     cluster = world["cluster"]
     fragments = _fragments(_key_text(cluster))
@@ -216,10 +216,10 @@ def test_the_web_role_never_opens_the_ca_key(
 
     from factories import JobFactory, map_personas
     from jobs.models import Job
-    from nodes import signer_client
-    from nodes.cluster_access import user_ca_key_path
-    from nodes.identities import cluster_user_ca_ensure
-    from nodes.slurm.transport import close_all
+    from nodes.access import signer_client
+    from nodes.access.cluster import user_ca_key_path
+    from nodes.access.identities import cluster_user_ca_ensure
+    from slurm.transport import close_all
 
     cluster = world["cluster"]
     cluster_user_ca_ensure(actor=None, cluster=cluster)

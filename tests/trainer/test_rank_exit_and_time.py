@@ -10,12 +10,7 @@ from typing import Any
 import pytest
 from trainer_testlib import ckpt, losses, read_lines, run_trainer, tiny_config, write_config
 
-from trainer import dist
-from trainer import train as train_module
-
-
-def _env(rank: int, world: int) -> dist.DistEnv:
-    return dist.DistEnv(rank=rank, world_size=world, local_rank=rank, node="n1")
+from trainer import faults
 
 
 @pytest.mark.parametrize(
@@ -41,10 +36,9 @@ def test_exit_rank_fires_only_on_its_rank_and_step(
         exits.append(code)
 
     monkeypatch.setenv("TRAINER_FAULT", spec)
-    monkeypatch.setattr(train_module.os, "_exit", fake_exit)
-    probe = _env(rank, world)
-    train_module.exit_rank_fault(probe, step)
-    assert exits == ([train_module.EXIT_RANK_FAULT] if fires else [])
+    monkeypatch.setattr(faults.os, "_exit", fake_exit)
+    faults.exit_rank_fault(rank=rank, world_size=world, step=step)
+    assert exits == ([faults.EXIT_RANK_FAULT] if fires else [])
 
 
 def test_a_killed_rank_exits_hard_and_the_resumed_run_goes_on_past_the_fault(
@@ -56,7 +50,7 @@ def test_a_killed_rank_exits_hard_and_the_resumed_run_goes_on_past_the_fault(
     killed = run_trainer(
         ["train", "--config", str(config), "--run-dir", str(run)], TRAINER_FAULT="exit_rank@5"
     )
-    assert killed.returncode == train_module.EXIT_RANK_FAULT, killed.stderr
+    assert killed.returncode == faults.EXIT_RANK_FAULT, killed.stderr
     assert "rank 0 exits with 42 at step 5" in killed.stderr
     lines = read_lines(run)
     # Step 5 was neither logged nor finished: no done event, the checkpoint of step 3 stands.

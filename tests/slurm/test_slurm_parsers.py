@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from nodes.slurm.errors import SlurmParseError
-from nodes.slurm.parsers import (
+from slurm.errors import SlurmParseError
+from slurm.parsers import (
     normalise_job_state,
     normalise_node_state,
     parse_config,

@@ -5,7 +5,7 @@ import uuid
 
 import pytest
 
-from nodes.slurm import commands
+from slurm import commands
 
 HOSTILE = [
     "a; touch /tmp/CANARY",

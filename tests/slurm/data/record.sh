@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Records real Slurm outputs from the dev cluster for parser tests.
-#   tests/nodes/slurm/data/record.sh [DEVCLUSTER_DIR]
+#   tests/slurm/data/record.sh [DEVCLUSTER_DIR]
 # Run as root with the dev cluster up (scripts/devcluster up). Writes
-# tests/nodes/slurm/data/slurm-<version>/ (see README.md for every command).
+# tests/slurm/data/slurm-<version>/ (see README.md for every command).
 # Takes ~2 minutes (a job has to hit its 1-minute time limit).
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from nodes.slurm.parsers import (
+from slurm.parsers import (
     parse_config,
     parse_partitions,
     parse_sacct_json,
@@ -22,7 +22,7 @@ from nodes.slurm.parsers import (
     parse_topology,
     parse_version,
 )
-from nodes.slurm.units import Gres
+from slurm.units import Gres
 
 
 def test_version(recorded: Any) -> None:

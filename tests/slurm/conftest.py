@@ -18,7 +18,7 @@ def recording_dirs() -> list[Path]:
 
 
 class Recordings:
-    """One Slurm version's recorded outputs (``tests/nodes/slurm/data/slurm-<version>``)."""
+    """One Slurm version's recorded outputs (``tests/slurm/data/slurm-<version>``)."""
 
     def __init__(self, folder: Path) -> None:
         self.folder = folder
@@ -44,7 +44,7 @@ class Recordings:
 def recorded(request: pytest.FixtureRequest) -> Recordings:
     """Recorded outputs of each Slurm version in turn."""
     if request.param is None:
-        pytest.skip("no recorded Slurm outputs under tests/nodes/slurm/data")
+        pytest.skip("no recorded Slurm outputs under tests/slurm/data")
     return Recordings(Path(request.param))
 
 
@@ -55,12 +55,12 @@ def devcluster() -> Any:
         sys.path.insert(0, str(REPO / "tests"))
     import devcluster_support
 
-    return devcluster_support.ensure_up(python=False)
+    return devcluster_support.ensure_up()
 
 
 @pytest.fixture(scope="module")
 def ssh_config(devcluster: Any) -> Any:
-    from nodes.slurm.connect import SshConfig
+    from slurm.connect import SshConfig
 
     return SshConfig(
         host=devcluster.host,
@@ -76,7 +76,7 @@ def ssh_config(devcluster: Any) -> Any:
 
 @pytest.fixture
 def transport(ssh_config: Any) -> Iterator[Any]:
-    from nodes.slurm.transport import SshTransport
+    from slurm.transport import SshTransport
 
     with SshTransport(ssh_config) as connection:
         yield connection

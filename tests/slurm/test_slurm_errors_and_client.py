@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from nodes.slurm.client import SlurmClient
-from nodes.slurm.errors import (
+from slurm.client import SlurmClient
+from slurm.errors import (
     TRANSIENT_ERRORS,
     HostKeyMismatch,
     HostKeyUnknown,
@@ -237,7 +237,7 @@ def test_submit_returns_the_job_id(recorded: Any) -> None:
 
 
 def test_permission_refusal_is_its_own_permanent_error() -> None:
-    from nodes.slurm.errors import SlurmPermissionDenied
+    from slurm.errors import SlurmPermissionDenied
 
     error = command_error(
         ["scontrol", "update", "NodeName=n2", "State=DRAIN", "Reason=x"],

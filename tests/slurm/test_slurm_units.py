@@ -4,7 +4,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from nodes.slurm.units import (
+from slurm.units import (
     Gres,
     json_number,
     parse_duration_seconds,

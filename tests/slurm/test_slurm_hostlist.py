@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nodes.slurm.hostlist import compress, expand, natural_key
+from slurm.hostlist import compress, expand, natural_key
 
 
 @pytest.mark.parametrize(

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Records the pending-queue outputs (squeue --start, scontrol hold/release) from the dev
-# cluster into tests/nodes/slurm/data/slurm-<version>/ (see README.md, "Pending jobs").
-#   tests/nodes/slurm/data/record_pending.sh [DEVCLUSTER_DIR]
+# cluster into tests/slurm/data/slurm-<version>/ (see README.md, "Pending jobs").
+#   tests/slurm/data/record_pending.sh [DEVCLUSTER_DIR]
 # Run as root with the dev cluster up and idle (take /tmp/gantry-tests.lock first: it fills
 # the gpu partition for about a minute). Leaves the other recordings alone.
 set -euo pipefail
@@ -19,7 +19,7 @@ OUT=$HERE/slurm-$VERSION
 mkdir -p "$OUT" "$WORK/record" && chown "$USER_:" "$WORK/record"
 echo "recording into $OUT"
 
-# The format of nodes.slurm.parsers.queue.SQUEUE_START_FORMAT.
+# The format of slurm.parsers.queue.SQUEUE_START_FORMAT.
 FMT_START='%i|%P|%T|%Q|%S|%V|%Y|%r'
 as_user() { (cd "$WORK/record" && runuser -u "$USER_" -- env SLURM_CONF="$SLURM_CONF" PATH=/usr/bin:/bin "$@"); }
 submit() { as_user sbatch --parsable "$@"; }

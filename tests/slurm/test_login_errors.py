@@ -14,10 +14,10 @@ from typing import Any
 import paramiko
 import pytest
 
-from nodes.slurm import hostkeys
-from nodes.slurm.certificates import CertificateSpec, generate_ca_private_key, signed_key
-from nodes.slurm.connect import SshConfig, open_client
-from nodes.slurm.errors import (
+from slurm import hostkeys
+from slurm.certificates import CertificateSpec, generate_ca_private_key, signed_key
+from slurm.connect import SshConfig, open_client
+from slurm.errors import (
     TRANSIENT_ERRORS,
     LocalResourceUnavailable,
     SshAuthenticationError,
@@ -28,12 +28,12 @@ from nodes.slurm.errors import (
     local_file_error,
     resolution_error,
 )
-from nodes.slurm.hostkeys import load_private_key, public_key_line
-from nodes.slurm.transport import SshTransport
+from slurm.hostkeys import load_private_key, public_key_line
+from slurm.transport import SshTransport
 
 
 def _write_key(path: Path) -> paramiko.PKey:
-    from nodes.slurm.certificates import generate_key_pair
+    from slurm.certificates import generate_key_pair
 
     private, _ = generate_key_pair("test")
     path.write_bytes(private)
@@ -280,7 +280,7 @@ def test_sacct_start_times_are_relative_to_the_login_nodes_clock() -> None:
     does not know: an hour ago in UTC is sent as "now-3600seconds", whatever that zone."""
     from datetime import UTC, datetime, timedelta
 
-    from nodes.slurm import commands
+    from slurm import commands
 
     argv = commands.sacct_json(["1"], start=datetime.now(UTC) - timedelta(hours=1))
     value = argv[argv.index("--starttime") + 1]

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from nodes.slurm import commands
-from nodes.slurm.client import SlurmClient
-from nodes.slurm.errors import SlurmCommandError, SlurmParseError, command_error
-from nodes.slurm.parsers import (
+from slurm import commands
+from slurm.client import SlurmClient
+from slurm.errors import SlurmCommandError, SlurmParseError, command_error
+from slurm.parsers import (
     SQUEUE_START_FORMAT,
     PendingStart,
     parse_squeue_start,

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from nodes.slurm import commands
-from nodes.slurm.client import SlurmClient
-from nodes.slurm.errors import (
+from slurm import commands
+from slurm.client import SlurmClient
+from slurm.errors import (
     HostKeyMismatch,
     HostKeyUnknown,
     RemoteFileNotFound,
@@ -24,10 +24,10 @@ from nodes.slurm.errors import (
     SshCommandTimeout,
     SshTransientError,
 )
-from nodes.slurm.hostkeys import fetch_host_key
-from nodes.slurm.transport import SshTransport, close_all, get_transport
+from slurm.hostkeys import fetch_host_key
+from slurm.transport import SshTransport, close_all, get_transport
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.nodes(0)]
 
 
 def test_pinned_key_connect_and_sinfo(transport: SshTransport, devcluster: Any) -> None:
@@ -233,6 +233,7 @@ def _wait(predicate: Any, timeout: float = 60) -> Any:
     raise AssertionError("condition not reached in time")
 
 
+@pytest.mark.nodes(1, "batch")
 def test_submit_find_by_tag_and_accounting(transport: SshTransport, devcluster: Any) -> None:
     client = SlurmClient(transport)
     tag = commands.job_tag(uuid.uuid4())
@@ -267,6 +268,7 @@ def test_submit_find_by_tag_and_accounting(transport: SshTransport, devcluster: 
     transport.exec(["rm", "-rf", run_dir])
 
 
+@pytest.mark.exclusive
 def test_drain_and_resume_a_node(transport: SshTransport) -> None:
     client = SlurmClient(transport)
     reason = f"gantry test {uuid.uuid4().hex[:6]}; $(not run)"
