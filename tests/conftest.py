@@ -6,6 +6,7 @@ run as their own account there; the outsider and users made by hand have none.""
 
 from __future__ import annotations
 
+import time
 import types
 from datetime import datetime
 from pathlib import Path
@@ -139,12 +140,18 @@ def _cluster_lane(request: Any) -> Any:
     cluster = request.getfixturevalue("devcluster")
     sizes, _default = _partition_sizes(cluster)
     named, any_of = lanes.wanted(need, sizes)
+    asked = time.time()
     with lanes.NodeSlots(sizes).held(named, any_of=any_of) as given:
         if need.exclusive:
             cluster.wait_quiet()
         pinned = next(iter(named)) if len(named) == 1 and not need.exclusive else None
-        with lanes.assigned(given or pinned):
-            yield need
+        started = time.time()
+        try:
+            with lanes.assigned(given or pinned):
+                yield need
+        finally:
+            held = {**named, **({given: any_of} if given else {})}
+            lanes.record(request.node.nodeid, held, asked=asked, started=started, ended=time.time())
 
 
 @pytest.fixture

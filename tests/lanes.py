@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
 import time
 from collections.abc import Iterator
@@ -244,6 +245,41 @@ def wanted(need: ClusterNeed, sizes: dict[str, int]) -> tuple[dict[str, int], in
         return dict(sizes), 0
     named = {partition: need.count for partition in need.partitions if partition is not None}
     return named, need.count if None in need.partitions else 0
+
+
+def record(
+    nodeid: str, held: dict[str, int], *, asked: float, started: float, ended: float
+) -> None:
+    """One line per cluster test in ``GANTRY_TEST_LANES_LOG`` (set by ``make test``): the
+    slots it held, how long it waited for them and ran, for the lanes' summary."""
+    path = os.environ.get("GANTRY_TEST_LANES_LOG")
+    if not path:
+        return
+    line = {"test": nodeid, "held": held, "asked": asked, "started": started, "ended": ended}
+    with open(path, "a", encoding="utf-8") as handle:
+        handle.write(json.dumps(line) + "\n")
+
+
+def summary(path: str) -> list[str]:
+    """The lanes' summary: per partition, how much of the run its slots were held; the
+    tests that waited longest for theirs."""
+    lines = [json.loads(text) for text in Path(path).read_text().splitlines() if text.strip()]
+    if not lines:
+        return []
+    begin = min(line["asked"] for line in lines)
+    end = max(line["ended"] for line in lines)
+    held: dict[str, float] = {}
+    for line in lines:
+        for partition, count in line["held"].items():
+            seconds = count * (line["ended"] - line["started"])
+            held[partition] = held.get(partition, 0.0) + seconds
+    out = [f"cluster tests: {len(lines)} over {end - begin:.0f} s"]
+    for partition, seconds in sorted(held.items()):
+        out.append(f"  {partition}: {seconds:.0f} node-seconds held")
+    waits = sorted(lines, key=lambda line: line["started"] - line["asked"], reverse=True)[:5]
+    for line in waits:
+        out.append(f"  waited {line['started'] - line['asked']:.0f} s: {line['test']}")
+    return out
 
 
 def partition_sizes(devcluster: Any) -> tuple[dict[str, int], str]:

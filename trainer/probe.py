@@ -98,6 +98,69 @@ def _boot_id() -> str:
         return ""
 
 
+# Where the health-check hook lets the probe keep what importing torch found
+# (``GANTRY_PROBE_TORCH_CACHE``: a file in its root-only health directory), and how long that
+# stands while torch's files are unchanged. Importing torch costs a second or more of CPU
+# (more with CUDA), every interval, on every node, however busy.
+TORCH_CACHE_ENV = "GANTRY_PROBE_TORCH_CACHE"
+TORCH_CACHE_SECONDS = 600
+_TORCH_FILES = ("__init__.py", "version.py")
+
+
+def _torch_files_key() -> list[Any] | None:
+    """What identifies the torch that ``import torch`` would load, found without importing
+    it: its package files' device, inode, size and modification time (None: no torch)."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("torch")
+    except (ImportError, ValueError):
+        return None
+    locations = list(spec.submodule_search_locations or []) if spec else []
+    if not locations:
+        return None
+    key: list[Any] = [sys.executable, locations[0]]
+    for name in _TORCH_FILES:
+        try:
+            found = os.stat(os.path.join(locations[0], name))
+        except OSError:
+            return None
+        key.append([found.st_dev, found.st_ino, found.st_size, found.st_mtime_ns])
+    return key
+
+
+def _cached_torch_versions(path: str, now: float) -> dict[str, Any]:
+    """``_torch_versions``, imported again only when torch's files changed or the kept
+    answer is ``TORCH_CACHE_SECONDS`` old. The file is the probe's own (root's, in the
+    health directory); one that does not parse, or holds another key, is not used."""
+    key = _torch_files_key()
+    try:
+        with open(path, encoding="utf-8") as handle:
+            kept = json.loads(handle.read(1 << 16))
+        if (
+            isinstance(kept, dict)
+            and key is not None
+            and kept.get("key") == key
+            and isinstance(kept.get("at"), int | float)
+            and 0 <= now - kept["at"] < TORCH_CACHE_SECONDS
+            and isinstance(kept.get("found"), dict)
+        ):
+            return dict(kept["found"])
+    except (OSError, ValueError, RecursionError):
+        pass
+    found = _torch_versions()
+    if key is not None:
+        temporary = f"{path}.{os.getpid()}.tmp"
+        try:
+            descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
+                json.dump({"key": key, "at": now, "found": found}, handle)
+            os.replace(temporary, path)
+        except OSError:
+            pass
+    return found
+
+
 def _torch_versions() -> dict[str, Any]:
     try:
         import torch
@@ -130,7 +193,10 @@ def stack() -> dict[str, Any]:
         "kernel": platform.release(),
         "platform": platform.platform(),
     }
-    found.update(_torch_versions())
+    cache = os.environ.get(TORCH_CACHE_ENV, "")
+    found.update(
+        _cached_torch_versions(cache, time.time()) if os.path.isabs(cache) else _torch_versions()
+    )
     found["packages"] = _packages()
     return found
 

@@ -29,6 +29,20 @@ def _free_port() -> int:
         return int(probe.getsockname()[1])
 
 
+def _wait_until_a_worker_answers(port: int) -> None:
+    # The master listens before its worker has booted: a connection alone is not an answer.
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            probe = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+            probe.request("GET", "/")
+            if probe.getresponse().read() == b"ok":
+                return
+        except (OSError, http.client.HTTPException):
+            time.sleep(0.1)
+    raise AssertionError(f"gunicorn on port {port} never answered")
+
+
 def _serve(*options: str) -> Iterator[int]:
     port = _free_port()
     gunicorn = str(Path(sys.executable).parent / "gunicorn")
@@ -37,13 +51,7 @@ def _serve(*options: str) -> Iterator[int]:
     argv += ["--timeout", str(TIMEOUT_S), "--graceful-timeout", "1", "stream_support"]
     server = subprocess.Popen(argv, env=env, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                time.sleep(0.1)
+        _wait_until_a_worker_answers(port)
         yield port
     finally:
         server.terminate()
@@ -80,12 +88,13 @@ def test_a_download_longer_than_the_timeout_streams_whole(production: int) -> No
     for thread in threads:
         thread.start()
     time.sleep(PAUSE_S)
-    # Two downloads running on the one worker, and it still answers at once.
-    started = time.monotonic()
+    # Two downloads running on the one worker, and it still answers before they end (no
+    # absolute time: a loaded machine slows both alike).
     quick = http.client.HTTPConnection("127.0.0.1", production, timeout=10)
     quick.request("GET", "/")
     assert quick.getresponse().read() == b"ok"
-    assert time.monotonic() - started < 1.0
+    assert any(thread.is_alive() for thread in threads)
+    assert all(d.get("bytes", 0) < CHUNK * CHUNKS for d in downloads)
     for thread in threads:
         thread.join(timeout=60)
     assert downloads == [{"bytes": CHUNK * CHUNKS}] * 2
