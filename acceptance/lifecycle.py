@@ -138,6 +138,8 @@ def step_script_spec(step: AcceptanceStep, *, trainer_path: str) -> ScriptSpec:
         ),
         # The probe prints its document on stdout: each rank's output in its own file.
         rank_output=probe,
+        # Whatever else runs on the judged nodes would be measured as theirs.
+        exclusive=True,
     )
 
 

@@ -19,7 +19,7 @@ from nodes.models import Cluster, Node
 from nodes.placement import placement_quality
 from nodes.placement_service import placement_inputs
 from nodes.selectors import cluster_list, switch_tree
-from recovery.selectors import node_incidents
+from recovery.selectors import node_suspicions_for_user
 from slurm.hostlist import expand
 
 # How far back the node page lists the jobs that ended on the node.
@@ -42,7 +42,8 @@ def node_detail_page(request: HttpRequest, node_id: int) -> HttpResponse:
             "recent_jobs": on_node.recent,
             "hidden_running": on_node.hidden_running,
             "recent_days": NODE_RECENT_JOB_DAYS,
-            "suspicions": node_incidents(node=node),
+            # The evidence for operators only; counts for everyone (the selector's rule).
+            "suspicions": node_suspicions_for_user(user=request_user(request), node=node),
             "health_view": node_health_view(node=node),
             "certificates": node_certificates(node=node),
             "can_operate": is_operator(request.user),

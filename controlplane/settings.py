@@ -263,6 +263,11 @@ CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
 SSH_DIR = DATA_DIR / "ssh"
 SSH_CONNECT_TIMEOUT = envint("GANTRY_SSH_CONNECT_TIMEOUT", 10, minimum=1)
 SSH_COMMAND_TIMEOUT = envint("GANTRY_SSH_COMMAND_TIMEOUT", 60, minimum=1)
+# The bytes of a remote command's stdout and stderr a process keeps (slurm.channel): a command
+# or a login file that prints more fails with the reason, and the rest is never read, so one
+# account's flood cannot exhaust a worker's or web process's memory.
+SSH_MAX_OUTPUT_BYTES = envint("GANTRY_SSH_MAX_OUTPUT_BYTES", 16 << 20, minimum=64 << 10)
+SSH_MAX_STDERR_BYTES = envint("GANTRY_SSH_MAX_STDERR_BYTES", 1 << 20, minimum=4 << 10)
 # Per-user identities (nodes.access.identities): how long a certificate Gantry signs for a cluster
 # account is valid, and the SSH connection pool of each worker process (one connection per
 # identity in use, closed when idle; at most so many open to one login node).

@@ -20,6 +20,10 @@ USER_CERTIFICATE_SIGN = "nodes.user_certificate_sign"
 USER_CA_ENSURE = "nodes.user_ca_ensure"
 JOB_SUBMIT = "jobs.submit"
 DRILL_SUBMIT = "drills.submit"
+# A person's cancel, hold or release of any kind's Slurm job, carried out as its account.
+SLURM_REQUEST_CARRY_OUT = "runs.request_carry_out"
+# A job's log tail read (bounded) as its account, for the page to show.
+JOB_LOG_TAIL_READ = "jobs.log_tail_read"
 CHECKPOINT_VERIFY = "drills.checkpoint_verify"
 DRILL_POLICIES_APPLY = "drills.policies_apply"
 ACCEPTANCE_STEP_SUBMIT = "acceptance.step_submit"

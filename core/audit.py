@@ -43,6 +43,7 @@ class AuditAction(models.TextChoices):
     DRILL_CANCEL = "drill.cancel"
     DRILL_DELETE = "drill.delete"
     DRILL_POLICY_UPDATE = "drill_policy.update"
+    DRILL_BUDGET_UPDATE = "drill_budget.update"
     STUDY_CREATE = "study.create"
     # Action names, not secrets (ruff's S105 goes by the word "token").
     API_TOKEN_CREATE = "api_token.create"  # noqa: S105

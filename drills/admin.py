@@ -1,5 +1,5 @@
-"""The operator console for drills: drills (read-only), policies (through the service),
-and each checkpoint's drills inline on its admin page."""
+"""The operator console for drills: drills (read-only), policies and budgets (through
+their services), and each checkpoint's drills inline on its admin page."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from django.http import HttpRequest
 from core.access import request_user
 from core.admin_helpers import ServiceDeleteMixin, admin_link
 from core.errors import ApplicationError
-from drills.models import DrillPolicy, RestoreDrill
+from drills.budgets import BUDGET_FIELDS, drill_budget_update
+from drills.models import DrillBudget, DrillPolicy, RestoreDrill
 from drills.policies import drill_policy_update
 from drills.services import restore_drill_cancel, restore_drill_delete
 from jobs.admin import CheckpointAdmin
@@ -75,6 +76,8 @@ class RestoreDrillAdmin(ServiceDeleteMixin, admin.ModelAdmin):
         "steps",
         "allocation",
         "allocation_key",
+        "gpus",
+        "time_limit_minutes",
         "state",
         "verdict",
         "reason",
@@ -158,3 +161,35 @@ class DrillPolicyAdmin(admin.ModelAdmin):
         )
         if obj.pk:
             obj.refresh_from_db()
+
+
+@admin.register(DrillBudget)
+class DrillBudgetAdmin(admin.ModelAdmin):
+    """Per cluster, per owner: active drills, GPUs at once, GPU-hours a day. Saved through
+    the service (validated, audited); a cluster without one has the defaults."""
+
+    list_display = ["cluster", *BUDGET_FIELDS, "updated_by", "updated_at"]
+    readonly_fields = ["updated_at", "updated_by"]
+
+    def get_readonly_fields(
+        self, request: HttpRequest, obj: DrillBudget | None = None
+    ) -> list[str]:
+        # The cluster is fixed once the budget exists: another cluster's is its own row.
+        fixed = ["cluster"] if obj is not None and obj.pk else []
+        return [*fixed, *self.readonly_fields]
+
+    def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        # Set the numbers instead: the change is then validated and audited.
+        return False
+
+    def save_model(
+        self, request: HttpRequest, obj: DrillBudget, form: object, change: bool
+    ) -> None:
+        # Through the service, so the change is validated and audited like the API's.
+        saved = drill_budget_update(
+            actor=request_user(request),
+            cluster=obj.cluster,
+            **{key: getattr(obj, key) for key in BUDGET_FIELDS},
+        )
+        obj.pk = saved.pk
+        obj.refresh_from_db()

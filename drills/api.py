@@ -1,4 +1,4 @@
-"""REST API for checkpoints, restore drills and drill policies."""
+"""REST API for checkpoints, restore drills, drill policies and drill budgets."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from typing import Any
 from django.db.models import QuerySet
 from django.shortcuts import get_object_or_404
 from django.urls import reverse
+from django.utils import timezone
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import generics, serializers, status
 from rest_framework.request import Request
@@ -16,7 +17,8 @@ from rest_framework.views import APIView
 from core.access import request_user
 from core.api import CursorPagination
 from core.permissions import IsResearcherOrOperator, ReadByRolesWriteByOperators
-from drills.models import DrillPolicy, RestoreDrill
+from drills.budgets import drill_budget_update, drill_usage
+from drills.models import DrillBudget, DrillPolicy, RestoreDrill
 from drills.policies import drill_policy_update
 from drills.selectors import checkpoint_proofs, drill_get_for_user, drill_list
 from drills.services import checkpoint_verify_request, restore_drill_cancel, restore_drill_start
@@ -55,6 +57,9 @@ class DrillSerializer(serializers.ModelSerializer):
             "reference_digest",
             "allocation",
             "allocation_key",
+            # What the owner's drill budget counts (drills.budgets).
+            "gpus",
+            "time_limit_minutes",
             "state",
             "verdict",
             "reason",
@@ -314,5 +319,60 @@ class DrillPolicyApi(APIView):
             actor=request_user(request), cluster=cluster, **data.validated_data
         )
         return Response(DrillPolicySerializer(policy).data)
+
+    patch = put
+
+
+class DrillBudgetSerializer(serializers.ModelSerializer):
+    cluster = serializers.CharField(source="cluster.name", read_only=True)
+    updated_by = serializers.CharField(source="updated_by.username", read_only=True, default=None)
+
+    class Meta:
+        model = DrillBudget
+        fields = [
+            "cluster",
+            "max_active_drills",
+            "max_gpus",
+            "max_gpu_hours_per_day",
+            "updated_at",
+            "updated_by",
+        ]
+        read_only_fields = ["cluster", "updated_at", "updated_by"]
+
+
+class DrillBudgetApi(APIView):
+    """A cluster's drill budget: per owner, the most active drills, GPUs held by them at
+    once and GPU-hours of drills a day (rolling 24 h), with what yours use now. Anyone
+    may read it; operators change it (audited)."""
+
+    permission_classes = [ReadByRolesWriteByOperators]
+
+    def _body(self, request: Request, budget: DrillBudget) -> dict[str, Any]:
+        usage = drill_usage(
+            owner_id=request_user(request).pk, cluster=budget.cluster, now=timezone.now()
+        )
+        return {
+            **DrillBudgetSerializer(budget).data,
+            "yours": {
+                "active_drills": usage.active_drills,
+                "gpus": usage.gpus,
+                "gpu_hours_today": usage.gpu_hours_today,
+            },
+        }
+
+    @extend_schema(responses=dict)
+    def get(self, request: Request, cluster_id: int) -> Response:
+        cluster = get_object_or_404(Cluster, pk=cluster_id)
+        return Response(self._body(request, DrillBudget.for_cluster(cluster)))
+
+    @extend_schema(request=DrillBudgetSerializer, responses=dict)
+    def put(self, request: Request, cluster_id: int) -> Response:
+        cluster = get_object_or_404(Cluster, pk=cluster_id)
+        data = DrillBudgetSerializer(data=request.data, partial=True)
+        data.is_valid(raise_exception=True)
+        budget = drill_budget_update(
+            actor=request_user(request), cluster=cluster, **data.validated_data
+        )
+        return Response(self._body(request, budget))
 
     patch = put

@@ -28,4 +28,9 @@ urlpatterns: list[URLPattern] = [
         api.DrillPolicyApi.as_view(),
         name="drill-policy",
     ),
+    path(
+        "clusters/<int:cluster_id>/drill-budget/",
+        api.DrillBudgetApi.as_view(),
+        name="drill-budget",
+    ),
 ]

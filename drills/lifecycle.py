@@ -80,7 +80,7 @@ def drill_script_spec(drill: RestoreDrill, *, trainer_path: str) -> ScriptSpec:
         gpus_per_node=int(allocation["gpus_per_node"]),
         gpu_type=allocation.get("gpu_type") or "",
         memory_mb=job.memory_mb,
-        time_limit_minutes=min(job.time_limit_minutes, 30),
+        time_limit_minutes=drill.time_limit_minutes,
         nodelist="",
         switches="",
         trainer_args=(

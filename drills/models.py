@@ -7,6 +7,7 @@ moved here from the jobs app: a migrated database keeps every row.
 from __future__ import annotations
 
 import uuid
+from datetime import datetime
 
 from django.conf import settings
 from django.core.validators import MinValueValidator
@@ -101,6 +102,10 @@ class RestoreDrill(SlurmTracked):
     cluster = models.ForeignKey(
         Cluster, on_delete=models.CASCADE, related_name="restore_drills", null=True
     )
+    # What the drill asks Slurm for, fixed when it starts: what the owner's drill budget
+    # (``DrillBudget``) counts, and the time limit its batch script gets.
+    gpus = models.PositiveIntegerField(default=0, help_text="GPUs of the allocation, all nodes.")
+    time_limit_minutes = models.PositiveIntegerField(default=30, validators=[MinValueValidator(1)])
 
     integrity_s = models.FloatField(null=True, blank=True)
     load_s = models.FloatField(null=True, blank=True)
@@ -153,6 +158,41 @@ class RestoreDrill(SlurmTracked):
         """Run as the cluster's verifier: its pass counts as proof."""
         return self.attestation == self.Attestation.VERIFIER and bool(self.verifier_account)
 
+    def gpu_hours_charged(self) -> float:
+        """What this drill counts against its owner's daily GPU-hours (``DrillBudget``)."""
+        return drill_gpu_hours(
+            state=self.state,
+            gpus=self.gpus,
+            time_limit_minutes=self.time_limit_minutes,
+            submitted=bool(self.slurm_job_id),
+            started_at=self.started_at,
+            finished_at=self.finished_at,
+        )
+
+
+def drill_gpu_hours(
+    *,
+    state: str,
+    gpus: int,
+    time_limit_minutes: int,
+    submitted: bool,
+    started_at: datetime | None,
+    finished_at: datetime | None,
+) -> float:
+    """GPU-hours a drill counts: while it is active, its GPUs for its whole time limit (it
+    may hold them that long); once it ended, for the time it ran (at most the limit); a
+    drill that ended before Slurm ever had it, nothing; one Slurm had whose times Gantry
+    never saw, its whole time limit (never less than it may have used)."""
+    limit_hours = time_limit_minutes / 60
+    if state not in RestoreDrill.FINAL_STATES:
+        return gpus * limit_hours
+    if started_at is not None and finished_at is not None:
+        ran_hours = max(0.0, (finished_at - started_at).total_seconds() / 3600)
+        return gpus * min(ran_hours, limit_hours)
+    if started_at is None and not submitted:
+        return 0.0
+    return gpus * limit_hours
+
 
 class DrillPolicy(models.Model):
     """Per cluster, set by operators: which restore drills Gantry starts by itself."""
@@ -185,3 +225,54 @@ class DrillPolicy(models.Model):
 
     def __str__(self) -> str:
         return f"drill policy of {self.cluster}"
+
+
+# A cluster without a budget row is bounded by these (``DrillBudget.for_cluster``).
+DEFAULT_MAX_ACTIVE_DRILLS = 3
+DEFAULT_MAX_DRILL_GPUS = 16
+DEFAULT_MAX_DRILL_GPU_HOURS_PER_DAY = 32.0
+
+
+class DrillBudget(models.Model):
+    """Per cluster, set by operators: how much of the cluster the drills one owner asks for
+    may hold. Counted per owner of the checkpoint (whoever clicked), over the drills people
+    started (``Trigger.MANUAL``); the drills Gantry schedules itself (policies, recovery)
+    are bounded by their policy instead. A cluster without a row has the defaults."""
+
+    cluster = models.OneToOneField(Cluster, on_delete=models.CASCADE, related_name="drill_budget")
+    max_active_drills = models.PositiveIntegerField(
+        default=DEFAULT_MAX_ACTIVE_DRILLS,
+        help_text="Per owner: drills queued, pending or running at once (0: none).",
+    )
+    max_gpus = models.PositiveIntegerField(
+        "max GPUs",
+        default=DEFAULT_MAX_DRILL_GPUS,
+        help_text="Per owner: GPUs held by their active drills at once (0: CPU-only drills).",
+    )
+    max_gpu_hours_per_day = models.FloatField(
+        "max GPU-hours a day",
+        default=DEFAULT_MAX_DRILL_GPU_HOURS_PER_DAY,
+        validators=[MinValueValidator(0)],
+        help_text="Per owner, over drills started in the last 24 hours: GPUs × time limit "
+        "while active, GPUs × time run once ended.",
+    )
+    updated_at = models.DateTimeField(auto_now=True)
+    updated_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(
+                name="drill_budget_gpu_hours_not_negative",
+                condition=Q(max_gpu_hours_per_day__gte=0),
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"drill budget of {self.cluster}"
+
+    @classmethod
+    def for_cluster(cls, cluster: Cluster) -> DrillBudget:
+        """The cluster's budget; the defaults (unsaved) when operators never set one."""
+        return cls.objects.filter(cluster=cluster).first() or cls(cluster=cluster)

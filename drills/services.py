@@ -22,6 +22,7 @@ from core.errors import ConflictError, FieldError
 from core.roles import is_operator
 from core.types import Actor, User
 from drills.attestation import drill_attestation, integrity_checker
+from drills.budgets import counts_against_owner, drill_budget_reserve, drill_partition_check
 from drills.lifecycle import DRILLS
 from drills.models import RestoreDrill
 from drills.reference import has_fingerprint, losses_logged, next_checkpoint_step
@@ -41,6 +42,8 @@ ALLOCATION_KEYS = (
     "gpu_type",
     "cpus_per_task",
 )
+# The longest a drill's Slurm job may run (it loads a checkpoint and replays a few steps).
+DRILL_MAX_MINUTES = 30
 
 
 def allocation_for(job: Job, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -50,6 +53,16 @@ def allocation_for(job: Job, overrides: dict[str, Any] | None = None) -> dict[st
         if key in allocation and value not in (None, ""):
             allocation[key] = value
     return allocation
+
+
+def drill_time_limit(job: Job) -> int:
+    """A drill's time limit in minutes: the job's, at most ``DRILL_MAX_MINUTES``."""
+    return min(job.time_limit_minutes, DRILL_MAX_MINUTES)
+
+
+def allocation_gpus(allocation: dict[str, Any]) -> int:
+    """GPUs of an allocation, all nodes together."""
+    return int(allocation["nodes"]) * int(allocation["gpus_per_node"] or 0)
 
 
 def allocation_key(allocation: dict[str, Any]) -> str:
@@ -73,7 +86,7 @@ def _check_allocation(job: Job, allocation: dict[str, Any]) -> None:
         tasks_per_node=int(allocation["tasks_per_node"]),
         cpus_per_task=int(allocation["cpus_per_task"]),
         memory_mb=job.memory_mb,
-        time_limit_minutes=min(job.time_limit_minutes, 30),
+        time_limit_minutes=drill_time_limit(job),
         nodelist="",
         switches="",
     )
@@ -170,10 +183,13 @@ def restore_drill_start(
     ``trainer``: ``recorded`` (the version that wrote the checkpoint) or ``current`` (a
     compatibility drill). ``actor`` None means Gantry itself (a scheduled policy). Refused,
     with the reason: a checkpoint whose state Gantry never recorded, an allocation the
-    cluster cannot give, more steps than the original run logged after the checkpoint, or
-    the same checkpoint, allocation and trainer already being drilled. Runs as the
-    cluster's verifier where it has a usable one (its pass is proof), else as the owner
-    (self-attested: never proof); see ``drills.attestation``.
+    cluster cannot give, a partition the owner's account is not known to be allowed on
+    (``partition``), more steps than the original run logged after the checkpoint, a drill
+    people asked for that takes the checkpoint's owner over the cluster's drill budget
+    (``budget``; ``drills.budgets``), or the same checkpoint, allocation and trainer
+    already being drilled. Runs as the cluster's verifier where it has a usable one (its
+    pass is proof), else as the owner (self-attested: never proof); see
+    ``drills.attestation``.
     """
     job = checkpoint.job
     if actor is not None:
@@ -181,8 +197,7 @@ def restore_drill_start(
     steps, replay_to, chosen, key = _drill_shape(
         checkpoint, steps=steps, allocation=allocation, trainer=trainer, fallback=fallback_steps
     )
-    # Fixed now: a drill in flight keeps its account if the cluster's verifier changes.
-    attested, self_attested_why = drill_attestation(cluster=job.cluster, owner_account=job.run_as)
+    drill_partition_check(job=job, partition=str(chosen["partition"]))
     conflict = ConflictError(
         f"A drill of step {checkpoint.step} on this allocation ({key}) is already running; "
         "wait for its verdict or cancel it."
@@ -191,43 +206,65 @@ def restore_drill_start(
         checkpoint=checkpoint, allocation_key=key, state__in=RestoreDrill.ACTIVE_STATES
     ).exists():
         raise conflict
+    drill = RestoreDrill(
+        checkpoint=checkpoint,
+        cluster=job.cluster,
+        requested_by=actor,
+        steps=steps,
+        replay_to_step=replay_to,
+        trainer=trainer,
+        allocation=chosen,
+        allocation_key=key,
+        trigger=trigger,
+        gpus=allocation_gpus(chosen),
+        time_limit_minutes=drill_time_limit(job),
+    )
     try:
         with transaction.atomic():
-            drill = RestoreDrill.objects.create(
-                checkpoint=checkpoint,
-                cluster=job.cluster,
-                requested_by=actor,
-                steps=steps,
-                replay_to_step=replay_to,
-                trainer=trainer,
-                allocation=chosen,
-                allocation_key=key,
-                trigger=trigger,
-                **attested,
-            )
-            audit_event_record(
-                actor=actor,
-                action=AuditAction.DRILL_START,
-                target=drill,
-                details={
-                    "checkpoint_step": checkpoint.step,
-                    "allocation": key,
-                    "trigger": trigger,
-                    "steps": steps,
-                    "replay_to_step": replay_to,
-                    "trainer": trainer,
-                    # The verifier, or else the checkpoint's account, whoever asked.
-                    "run_as": attested["verifier_account"] or job.run_as or job.cluster.ssh_user,
-                    **attested,
-                    "self_attested_because": self_attested_why,
-                },
-            )
-            drill_id = str(drill.id)
-            transaction.on_commit(lambda: DRILLS.enqueue_submit(drill_id))
+            if counts_against_owner(trigger):
+                drill_budget_reserve(
+                    owner_id=job.owner_id,
+                    cluster=job.cluster,
+                    gpus=drill.gpus,
+                    time_limit_minutes=drill.time_limit_minutes,
+                    now=timezone.now(),
+                )
+            _drill_create(drill, actor=actor)
     except IntegrityError:
         # The unique constraint caught a race the check above could not.
         raise conflict from None
     return drill
+
+
+def _drill_create(drill: RestoreDrill, *, actor: Actor) -> None:
+    """Save the new drill with its audit event; submit it once the transaction commits."""
+    job = drill.checkpoint.job
+    # Fixed now: a drill in flight keeps its account if the cluster's verifier changes.
+    attested, self_attested_why = drill_attestation(cluster=job.cluster, owner_account=job.run_as)
+    drill.attestation = attested["attestation"]
+    drill.verifier_account = attested["verifier_account"]
+    drill.save(force_insert=True)
+    audit_event_record(
+        actor=actor,
+        action=AuditAction.DRILL_START,
+        target=drill,
+        details={
+            "checkpoint_step": drill.checkpoint.step,
+            "allocation": drill.allocation_key,
+            "trigger": drill.trigger,
+            "steps": drill.steps,
+            "replay_to_step": drill.replay_to_step,
+            "trainer": drill.trainer,
+            "gpus": drill.gpus,
+            "time_limit_minutes": drill.time_limit_minutes,
+            # The verifier, or else the checkpoint's account, whoever asked.
+            "run_as": attested["verifier_account"] or job.run_as or job.cluster.ssh_user,
+            **attested,
+            "self_attested_because": self_attested_why,
+        },
+    )
+    drill_id = str(drill.id)
+    transaction.on_commit(lambda: DRILLS.enqueue_submit(drill_id))
 
 
 def restore_drill_submit_to_slurm(*, drill_id: str) -> str:
@@ -245,13 +282,13 @@ def restore_drill_submit_gave_up(*, drill_id: str, error: BaseException) -> None
 
 def restore_drill_cancel(*, actor: User, drill: RestoreDrill) -> str:
     """Cancel a drill (the job's owner or an operator); idempotent. A finished drill is
-    left as it is."""
+    left as it is; no command runs here: a worker sends ``scancel`` (``runs.lifecycle``)."""
     require_can_act(actor, owner_id=drill.checkpoint.job.owner_id, what="cancel this drill")
 
     def audit(cancelled: RestoreDrill) -> None:
         audit_event_record(actor=actor, action=AuditAction.DRILL_CANCEL, target=cancelled)
 
-    return DRILLS.cancel(drill, by=actor.get_username(), audit=audit)
+    return DRILLS.cancel_request(drill, by=actor.get_username(), audit=audit)
 
 
 def restore_drill_delete(*, actor: User, drill: RestoreDrill) -> None:

@@ -1,4 +1,5 @@
-"""Pages for restore drills: the checkpoint integrity panel, drills, fleet health, policies."""
+"""Pages for restore drills: the checkpoint integrity panel, drills, fleet health, policies,
+and each owner's drill budget."""
 
 from __future__ import annotations
 
@@ -12,12 +13,14 @@ from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse, HttpResponseBase, HttpResponseRedirect
 from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
+from django.utils import timezone
 from django.views.decorators.http import require_POST
 
 from core.access import can_act, request_user
 from core.conditional import etag_for, not_modified, revalidate, this_minute
 from core.errors import ApplicationError, FieldError
 from core.roles import is_operator
+from drills.budgets import DrillUsage, drill_usage
 from drills.models import DrillPolicy, RestoreDrill
 from drills.policies import drill_policy_update
 from drills.reference import next_checkpoint_step
@@ -114,6 +117,8 @@ def checkpoint_page(request: HttpRequest, job_id: uuid.UUID, step: int) -> HttpR
             "fingerprint": job.fingerprints.filter(step=checkpoint.step).first(),
             "proofs": checkpoint_proofs(checkpoint=checkpoint),
             "sharding": sharding_panel(checkpoint.manifest or {}),
+            # The budget the checkpoint's owner's drills count against (whoever looks).
+            "budget": drill_usage(owner_id=job.owner_id, cluster=job.cluster, now=timezone.now()),
         },
     )
 
@@ -231,9 +236,13 @@ def drill_list_page(request: HttpRequest) -> HttpResponse:
         drills, error = [], refused.message
     health = drill_fleet_health(user=request_user(request))
     policies = []
+    budgets: list[tuple[Cluster, DrillUsage]] = []
+    now = timezone.now()
     for cluster in Cluster.objects.order_by("name"):
         policy, _ = DrillPolicy.objects.get_or_create(cluster=cluster)
         policies.append(policy)
+        usage = drill_usage(owner_id=request_user(request).pk, cluster=cluster, now=now)
+        budgets.append((cluster, usage))
     return render(
         request,
         "drills/drill_list.html",
@@ -243,6 +252,7 @@ def drill_list_page(request: HttpRequest) -> HttpResponse:
             "health": health,
             "load_times": health["load_times"],
             "policies": policies,
+            "budgets": budgets,
             "verdict": verdict,
             "verdicts": RestoreDrill.Verdict.choices,
             "can_set_policy": is_operator(request.user),

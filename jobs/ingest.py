@@ -25,6 +25,10 @@ from trainer.schema import FINGERPRINT_FORMAT, METRIC_KEYS, Event, manifest_dige
 
 logger = logging.getLogger(__name__)
 
+# The longest metrics line read: one with a ``ranks`` entry for every rank of the largest
+# world (``_MAX_WORLD``) fits; a longer one is skipped unread.
+METRICS_LINE_MAX_BYTES = 4 << 20
+
 # Trainer events that go on the job's timeline.
 _TIMELINE_EVENTS = {Event.TARGET_REACHED, Event.DONE, Event.RESUMED, Event.CHECKPOINT_FAILED}
 
@@ -34,7 +38,7 @@ def metrics_ingest(*, job: Job, data: bytes, start_offset: int) -> tuple[int, in
     (points stored, new offset). A partial last line waits for the next read."""
     end = data.rfind(b"\n")
     if end < 0:
-        return 0, start_offset
+        return 0, _past_an_overlong_line(job, data, start_offset)
     complete = data[: end + 1]
     # Rows in the database's own types, built straight from the lines: model objects and
     # per-value field preparation cost more than the parsing itself.
@@ -109,12 +113,18 @@ def metrics_ingest(*, job: Job, data: bytes, start_offset: int) -> tuple[int, in
 
 
 def _rank_timing_updates(job: Job, rank_lines: list[tuple[int, Any]]) -> dict[str, Any]:
-    """The job's straggler state (``jobs.stragglers``) after the chunk's per-rank timings."""
+    """The job's straggler state (``jobs.stragglers``) after the chunk's per-rank timings,
+    each line judged within what Slurm allocated to the job (its world size, its nodes):
+    a line naming another node or more ranks is no evidence."""
     if not rank_lines:
         return {}
     timing = job.rank_timing
+    # Expanded once per chunk (the hostlist, not once per line).
+    allocated = frozenset(job.allocated_node_names)
     for step, ranks in sorted(rank_lines, key=lambda item: item[0]):
-        timing = rank_timing_update(timing, step, ranks)
+        timing = rank_timing_update(
+            timing, step, ranks, world_size=job.world_size, allocated_nodes=allocated
+        )
     return {"rank_timing": timing}
 
 
@@ -242,6 +252,21 @@ def point_totals_refresh(*, job_ids: list[Any]) -> None:
         )
 
 
+def _past_an_overlong_line(job: Job, data: bytes, start_offset: int) -> int:
+    """Where to read on from when ``data`` holds no newline: where it starts (the line
+    waits for its end), unless it is longer than any line of metrics can be: then past it
+    (its end, in the next read, does not parse and is skipped too), not wait forever."""
+    if len(data) < METRICS_LINE_MAX_BYTES:
+        return start_offset
+    past = start_offset + len(data)
+    # As the lines' own update: only from the offset it was read at (nothing twice).
+    if not Job.objects.filter(id=job.id, metrics_offset=start_offset).update(metrics_offset=past):
+        return start_offset
+    logger.warning("job %s: a metrics line over %d bytes skipped", job.id, len(data))
+    job.metrics_offset = past
+    return past
+
+
 def _parse_lines(job: Job, complete: bytes) -> list[dict[str, Any]]:
     """The JSON objects of complete lines, in order. One ``json.loads`` for the whole chunk
     (a JSON array of the lines) when every line parses, which costs a third less than one
@@ -257,14 +282,23 @@ def _parse_lines(job: Job, complete: bytes) -> list[dict[str, Any]]:
     except ValueError:
         pass
     lines = []
+    bad: list[bytes] = []
     for raw in raws:
         try:
             line = json.loads(raw)
-        except ValueError:
-            logger.warning("job %s: unreadable metrics line skipped: %r", job.id, raw[:200])
+        except (ValueError, RecursionError):
+            bad.append(raw)
             continue
         if isinstance(line, dict):
             lines.append(line)
+    if bad:
+        # One log line per chunk, however many bad lines it holds (the job writes them).
+        logger.warning(
+            "job %s: %d unreadable metrics line(s) skipped, the first: %r",
+            job.id,
+            len(bad),
+            bad[0][:200],
+        )
     return lines
 
 

@@ -251,6 +251,26 @@ class JobEvent(models.Model):
         return f"{self.job_id} {self.kind} {self.from_state}→{self.to_state}"
 
 
+class JobLogTail(models.Model):
+    """The end of a job's Slurm output as a worker last read it (``jobs.services``): the
+    page shows it with its age, so no web request reads a researcher's files. Bounded:
+    at most ``jobs.services.LOG_TAIL_BYTES`` of text; ``size`` is the file's at the read."""
+
+    job = models.OneToOneField(Job, on_delete=models.CASCADE, primary_key=True, related_name="+")
+    text = models.TextField(blank=True)
+    size = models.BigIntegerField(null=True, blank=True)
+    truncated = models.BooleanField(default=False)
+    path = models.CharField(max_length=1024, blank=True)
+    read_at = models.DateTimeField(null=True, blank=True)
+    # When a read was last asked for (a second ask within moments is the same one).
+    requested_at = models.DateTimeField(null=True, blank=True)
+    # Why the last read failed ("" when it did not): shown instead of stale text's age.
+    error = models.CharField(max_length=1024, blank=True)
+
+    def __str__(self) -> str:
+        return f"log tail of {self.job_id} read {self.read_at}"
+
+
 class MetricPoint(models.Model):
     """One logged training step, as the trainer wrote it to metrics.jsonl."""
 

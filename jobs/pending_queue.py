@@ -12,18 +12,18 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Q
 
 from core.access import require_can_act
 from core.audit import AuditAction, audit_event_record
 from core.errors import ConflictError
 from core.types import User
-from jobs.lifecycle import JOBS, job_event
+from jobs.lifecycle import JOBS
 from jobs.models import Job, JobEvent
 from jobs.pending import pending_reason, pending_reason_parts
 from jobs.selectors import job_queue_position
 from nodes.models import Cluster
-from nodes.services import cluster_reconcile_soon
-from runs.lifecycle import slurm_error_as_application_error
+from runs.models import SlurmRequest
 from slurm import errors as slurm_errors
 from slurm.client import SlurmClient
 from slurm.errors import describe_cluster_error
@@ -77,7 +77,11 @@ def pending_estimates_refresh(*, cluster: Cluster, client: SlurmClient, now: dat
 
 
 def _last_hold_event(job: Job) -> JobEvent | None:
-    events = JobEvent.objects.filter(job=job, kind__in=[JobEvent.Kind.HOLD, JobEvent.Kind.RELEASE])
+    """The last hold or release a worker sent (``held by …`` / ``released by …``): the
+    timeline's entries of the same kinds for a request asked or failed do not count."""
+    events = JobEvent.objects.filter(
+        job=job, kind__in=[JobEvent.Kind.HOLD, JobEvent.Kind.RELEASE]
+    ).filter(Q(message__startswith="held by ") | Q(message__startswith="released by "))
     return events.order_by("-at", "-id").first()
 
 
@@ -142,47 +146,37 @@ def _pending_in_slurm(job: Job, what: str) -> None:
 
 
 def _hold_or_release(*, actor: User, job: Job, hold: bool) -> str:
-    verb = "held" if hold else "released"
+    """Record the request; a worker sends ``scontrol`` as the job's account
+    (``runs.lifecycle.requests``), so nothing the account's login files do can hold this
+    request. The newer of a hold and a release still open wins."""
+    action = SlurmRequest.Action.HOLD if hold else SlurmRequest.Action.RELEASE
     require_can_act(actor, owner_id=job.owner_id, what="hold or release this job")
     # Slurm holds a running job without complaint (and changes nothing): check first.
-    _pending_in_slurm(job, verb)
-    client = JOBS.client_of(job)
-    try:
-        if hold:
-            client.hold(job.slurm_job_id)
-        else:
-            client.release(job.slurm_job_id)
-    except slurm_errors.SlurmError as error:
-        action = "hold" if hold else "release"
-        raise slurm_error_as_application_error(f"Could not {action} the job", error) from None
+    _pending_in_slurm(job, "held" if hold else "released")
     with transaction.atomic():
-        job_event(
-            job,
-            JobEvent.Kind.HOLD if hold else JobEvent.Kind.RELEASE,
-            message=f"{verb} by {actor.get_username()}",
-        )
+        if JOBS.request_open(job, action, by=actor.get_username()) is None:
+            return f"{action} requested already"
         audit_event_record(
             actor=actor,
             action=AuditAction.JOB_HOLD if hold else AuditAction.JOB_RELEASE,
             target=job,
             details={"slurm_job_id": job.slurm_job_id},
         )
-    # The next watcher cycle reads Slurm's new reason (and a fresh estimate).
-    Job.objects.filter(id=job.id).update(pending_checked_at=None)
-    cluster_reconcile_soon(cluster_id=job.cluster_id)
-    return verb
+        # The next watcher cycle reads Slurm's new reason (and a fresh estimate).
+        Job.objects.filter(id=job.id).update(pending_checked_at=None)
+    return f"{action} requested"
 
 
 def job_hold(*, actor: User, job: Job) -> str:
-    """Hold a job that is pending in Slurm (``scontrol hold``), owner or operator, audited.
-
-    Accepts ``pending`` only. Safe to re-run: holding a held job changes nothing in Slurm
-    (one more timeline entry and audit event record the second request).
+    """Ask to hold a job that is pending in Slurm (``scontrol hold``, sent by a worker),
+    owner or operator, audited. Accepts ``pending`` only. Safe to re-run: a hold asked
+    while one is open is the same request; holding a held job changes nothing in Slurm.
     """
     return _hold_or_release(actor=actor, job=job, hold=True)
 
 
 def job_release(*, actor: User, job: Job) -> str:
-    """Release a held job (``scontrol release``), owner or operator, audited. Accepts
-    ``pending`` only; releasing a job that is not held changes nothing in Slurm."""
+    """Ask to release a held job (``scontrol release``, sent by a worker), owner or
+    operator, audited. Accepts ``pending`` only; releasing a job that is not held changes
+    nothing in Slurm."""
     return _hold_or_release(actor=actor, job=job, hold=False)

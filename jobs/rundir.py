@@ -6,6 +6,13 @@ their new bytes read by it too, in one more command for all of them (each file b
 ``METRICS_BATCH_MAX_BYTES`` of metrics per job and cycle, the evidence limits below for
 the rest); the others, and a file the service account may not read, over SFTP as the
 job's own account, as before (metric bytes by offset, the rest ``read_bounded``).
+
+The cycle's metric bytes are shared fairly between accounts, then between one account's
+jobs (``jobs.read_shares``: the bound is stated there), over both ways of reading. A job
+counts as read (``RunFilesResult.seen``: the only jobs whose quiet recovery may judge, and
+the only ended ones marked ``files_final``) only when everything the listing showed new was
+read this cycle; a read that was deferred or cut short is no evidence of anything, and the
+next cycle continues from where it stopped.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+from django.conf import settings
 from django.db.models import Q
 from django.utils import timezone
 
@@ -23,11 +31,12 @@ from jobs import checkpoint_state
 from jobs.ingest import checkpoint_register, metrics_ingest
 from jobs.lifecycle import job_event
 from jobs.models import Checkpoint, Job, JobEvent
+from jobs.read_shares import fair_shares, interleaved
 from jobs.stack_change import stack_changes
 from nodes.access.cluster import transport_as
 from nodes.models import Cluster
 from runs.rundir import RunDirectories, RunDirectory
-from runs.rundir_batch import FileRead, FileRequest
+from runs.rundir_batch import BATCH_BUDGET_BYTES, MAX_BATCH_COMMANDS, FileRead, FileRequest
 from runs.runtime import run_dir
 from slurm import errors as slurm_errors
 
@@ -41,8 +50,11 @@ class RunFilesResult:
     metric_points: int = 0
     checkpoints: int = 0
     errors: list[str] = field(default_factory=list)
-    # Jobs whose run directory the listing reached this time (read or not).
+    # Jobs whose run directory the listing reached and whose new files were read whole.
     seen: set[Any] = field(default_factory=set)
+    # Jobs listed whose reads were deferred or cut short (their share, the reader's
+    # budget): read on from where they stopped next cycle, no evidence this one.
+    incomplete: set[Any] = field(default_factory=set)
     # Files of directories the batched reader listed that it could not read (no grant on
     # them), read as the job's account instead.
     owner_reads: int = 0
@@ -55,6 +67,40 @@ ACCEPTANCE_MAX_BYTES = 1 << 20
 MANIFEST_MAX_BYTES = 16 << 20
 # The most of one job's metrics the batched reader reads in a cycle (the rest next cycle).
 METRICS_BATCH_MAX_BYTES = 8 << 20
+# One SFTP read of metrics.
+METRICS_READ_CHUNK = 8 << 20
+
+
+def cycle_metrics_bytes(listing: RunDirectories) -> int:
+    """The metric bytes one cycle reads over all jobs: half of what the batched reader's
+    commands of one round may answer (base64 costs 4/3); the other half is room for the
+    files read whole. The same figure bounds the SFTP reads of directories it did not list."""
+    batch = listing.batch
+    budget, commands = (
+        (batch.budget, batch.max_commands)
+        if batch is not None
+        else (BATCH_BUDGET_BYTES, MAX_BATCH_COMMANDS)
+    )
+    return budget * commands * 3 // 4 // 2
+
+
+def metric_shares(
+    jobs: list[Job], listed: dict[Any, RunDirectory], capacity: int
+) -> dict[Any, int]:
+    """Each job's bytes of new metrics this cycle: its fair share (``jobs.read_shares``) of
+    ``capacity``, at most ``METRICS_BATCH_MAX_BYTES``."""
+    wants = {}
+    for job in jobs:
+        size = listed[job.id].metrics_size
+        new = size - job.metrics_offset if size is not None else 0
+        wants[job.id] = (job.run_as, max(0, min(new, METRICS_BATCH_MAX_BYTES)))
+    return fair_shares(wants, capacity)
+
+
+def _turn() -> int:
+    """Which account goes first this cycle (``read_shares.interleaved``): it moves on
+    with each watcher interval."""
+    return int(timezone.now().timestamp() // max(1, settings.RECONCILE_INTERVAL_SECONDS))
 
 
 def _json_evidence(
@@ -76,25 +122,43 @@ def _json_evidence(
         return None
 
 
+def _read_metrics(
+    job: Job, size: int | None, transport: Any, result: RunFilesResult, share: int
+) -> bool:
+    """The job's new metric bytes up to its ``share``; True when every byte up to the listed
+    ``size`` was read (a last line without its newline yet is read, and waits for it)."""
+    if size is None or size <= job.metrics_offset:
+        return True
+    path = f"{run_dir(job.cluster.workdir, str(job.id), job.run_as)}/metrics.jsonl"
+    offset = job.metrics_offset
+    end = min(size, offset + share)
+    reached = offset
+    while offset < end:
+        chunk = transport.read_from(path, offset, min(end - offset, METRICS_READ_CHUNK))
+        result.sftp_reads += 1
+        result.bytes_read += len(chunk)
+        if not chunk:
+            break
+        reached = max(reached, offset + len(chunk))
+        stored, new_offset = metrics_ingest(job=job, data=chunk, start_offset=offset)
+        result.metric_points += stored
+        if new_offset == offset:
+            break
+        offset = new_offset
+    return reached >= size
+
+
 def _read_run_files(
-    job: Job, files: RunDirectory, transport: Any, result: RunFilesResult, known_steps: set[str]
-) -> None:
+    job: Job,
+    files: RunDirectory,
+    transport: Any,
+    result: RunFilesResult,
+    known_steps: set[str],
+    share: int,
+) -> bool:
+    """What is new in the job's directory, read and ingested; True when all of it was."""
     directory = run_dir(job.cluster.workdir, str(job.id), job.run_as)
-    if files.metrics_size is not None and files.metrics_size > job.metrics_offset:
-        wanted = files.metrics_size - job.metrics_offset
-        offset = job.metrics_offset
-        while wanted > 0:
-            chunk = transport.read_from(f"{directory}/metrics.jsonl", offset, min(wanted, 8 << 20))
-            result.sftp_reads += 1
-            result.bytes_read += len(chunk)
-            if not chunk:
-                break
-            stored, new_offset = metrics_ingest(job=job, data=chunk, start_offset=offset)
-            result.metric_points += stored
-            if new_offset == offset:
-                break
-            wanted -= new_offset - offset
-            offset = new_offset
+    complete = _read_metrics(job, files.metrics_size, transport, result, share)
     if files.acceptance and job.acceptance is None:
         acceptance = _json_evidence(
             job, transport, f"{directory}/acceptance.json", ACCEPTANCE_MAX_BYTES, result
@@ -117,6 +181,7 @@ def _read_run_files(
             continue
         if checkpoint_register(job=job, manifest_path=manifest_path, manifest=manifest):
             result.checkpoints += 1
+    return complete
 
 
 def jobs_to_read(cluster: Cluster) -> list[Job]:
@@ -175,15 +240,18 @@ def run_files_read(
     directories = {job.id: run_dir(cluster.workdir, str(job.id), job.run_as) for job in jobs}
     # A directory the listing could not reach is unknown, not empty: read next cycle.
     jobs = [job for job in jobs if directories[job.id] in listed]
-    result.seen.update(job.id for job in jobs)
     result.listed.update({job.id: listed[directories[job.id]] for job in jobs})
     known: dict[Any, set[str]] = {job.id: set() for job in jobs}
     for job_id, step in Checkpoint.objects.filter(job__in=jobs).values_list("job_id", "step"):
         known[job_id].add(f"step-{step:06d}")
     fresh = Job.objects.select_related("cluster").in_bulk([job.id for job in jobs])
     jobs = [fresh.get(job.id, job) for job in jobs]
+    shares = metric_shares(
+        jobs, {job.id: listed[directories[job.id]] for job in jobs}, cycle_metrics_bytes(listing)
+    )
+    jobs = interleaved(jobs, lambda job: job.run_as, _turn())
     batched = [job for job in jobs if listing.batched(directories[job.id])]
-    files = _batch_read(batched, directories, listed, known, listing, result)
+    files = _batch_read(batched, directories, listed, known, listing, result, shares)
     by_account: dict[str, list[Job]] = {}
     for job in jobs:
         by_account.setdefault(job.run_as, []).append(job)
@@ -194,7 +262,9 @@ def run_files_read(
                 source = files.get(job.id) or owner
                 if isinstance(source, PrefetchedFiles):
                     source.fallback = owner
-                _read_one(job, listed[directories[job.id]], source, result, known[job.id])
+                _read_one(
+                    job, listed[directories[job.id]], source, result, known[job.id], shares[job.id]
+                )
         except slurm_errors.SlurmError as error:
             if not account:
                 raise
@@ -204,10 +274,15 @@ def run_files_read(
 
 
 def _read_one(
-    job: Job, files: RunDirectory, source: Any, result: RunFilesResult, known: set[str]
+    job: Job,
+    files: RunDirectory,
+    source: Any,
+    result: RunFilesResult,
+    known: set[str],
+    share: int,
 ) -> None:
     try:
-        _read_run_files(job, files, source, result, known)
+        complete = _read_run_files(job, files, source, result, known, share)
     except slurm_errors.SlurmError:
         raise
     except Exception as error:
@@ -218,7 +293,12 @@ def _read_one(
     if isinstance(source, PrefetchedFiles):
         result.errors += [f"job {job.id}: {error}" for error in source.errors]
         result.owner_reads += source.fallback_reads
-    if job.is_final and not getattr(source, "incomplete", False):
+        complete = complete and not source.incomplete
+    if not complete:
+        result.incomplete.add(job.id)
+        return
+    result.seen.add(job.id)
+    if job.is_final:
         Job.objects.filter(id=job.id).update(files_final=True)
 
 
@@ -299,11 +379,11 @@ class PrefetchedFiles:
         raise slurm_errors.RemoteFileNotFound(f"{path}: not read this cycle", path=path)
 
 
-def _wanted(job: Job, files: RunDirectory, known: set[str]) -> list[FileRequest]:
+def _wanted(job: Job, files: RunDirectory, known: set[str], share: int) -> list[FileRequest]:
     """What ``_read_run_files`` will read of this job: the same choices, as requests."""
     wanted = []
-    if files.metrics_size is not None and files.metrics_size > job.metrics_offset:
-        size = min(files.metrics_size - job.metrics_offset, METRICS_BATCH_MAX_BYTES)
+    if files.metrics_size is not None and files.metrics_size > job.metrics_offset and share > 0:
+        size = min(files.metrics_size - job.metrics_offset, share)
         wanted.append(FileRequest("metrics.jsonl", size, offset=job.metrics_offset))
     if files.acceptance and job.acceptance is None:
         wanted.append(FileRequest("acceptance.json", ACCEPTANCE_MAX_BYTES, whole=True))
@@ -322,12 +402,15 @@ def _batch_read(
     known: dict[Any, set[str]],
     listing: RunDirectories,
     result: RunFilesResult,
+    shares: dict[Any, int],
 ) -> dict[Any, PrefetchedFiles]:
     """One command (more only past the reader's budget) for the new bytes of every job the
     batched reader listed; {} for none, or when that command failed (each job is then
     read as its account)."""
     requests = {
-        directories[job.id]: _wanted(job, listed[directories[job.id]], known[job.id])
+        directories[job.id]: _wanted(
+            job, listed[directories[job.id]], known[job.id], shares[job.id]
+        )
         for job in jobs
     }
     requests = {directory: wanted for directory, wanted in requests.items() if wanted}

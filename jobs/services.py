@@ -8,26 +8,28 @@ directories in ``jobs.rundir`` and ``jobs.ingest``.
 from __future__ import annotations
 
 import uuid
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.core.exceptions import PermissionDenied
 from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
 
+from controlplane.tasknames import JOB_LOG_TAIL_READ, task_send
 from core.access import require_can_act
 from core.audit import AuditAction, audit_event_record
 from core.errors import FieldError
 from core.roles import is_operator, is_researcher
 from core.types import User
 from jobs.lifecycle import JOBS, job_event
-from jobs.models import Checkpoint, Job, JobEvent
+from jobs.models import Checkpoint, Job, JobEvent, JobLogTail
 from jobs.recovery_settings import recovery_overrides_validate
 from jobs.script import job_script
 from jobs.validation import JobRequest, job_request_validate, validate_environment
-from nodes.access.cluster import transport_as
 from nodes.access.identities import cluster_account_for
-from runs.lifecycle import slurm_error_as_application_error
-from runs.runtime import run_dir
 from slurm import errors as slurm_errors
+from slurm.errors import describe_cluster_error
 
 
 def _job_from_request(
@@ -142,8 +144,10 @@ def job_submit_gave_up(*, job_id: str, error: BaseException) -> None:
 
 
 def job_cancel(*, actor: User, job: Job) -> str:
-    """Cancel a job (owner or operator); idempotent. Accepts any state; a final job is left
-    as it is. Before Slurm has it, the job ends at once; after, ``scancel`` is sent and the
+    """Cancel a job (owner or operator); idempotent, and no command runs here. Accepts any
+    state; a final job is left as it is. Before Slurm has it, the job ends at once; after,
+    the request is recorded ("cancel requested by …" on the timeline, audited) and a
+    worker sends ``scancel`` as the job's account (``runs.lifecycle.requests``); the
     watcher records the final state."""
     require_can_act(actor, owner_id=job.owner_id, what="cancel this job")
 
@@ -153,7 +157,7 @@ def job_cancel(*, actor: User, job: Job) -> str:
             actor=actor, action=AuditAction.JOB_CANCEL, target=cancelled, details=details
         )
 
-    return JOBS.cancel(job, by=actor.get_username(), audit=audit)
+    return JOBS.cancel_request(job, by=actor.get_username(), audit=audit)
 
 
 def job_delete(*, actor: User, job: Job) -> None:
@@ -258,22 +262,97 @@ def _resume_account(parent: Job) -> str:
     return current
 
 
+# The most of a job's Slurm output the log tail keeps (the whole file streams from
+# ``jobs.output``), and how old a read may be before asking for it starts a new one.
+LOG_TAIL_BYTES = 256 * 1024
+LOG_TAIL_FRESH_SECONDS = 5
+
+
 def job_log_tail(*, job: Job, max_bytes: int = 64 * 1024) -> dict[str, Any]:
-    """The end of the job's Slurm output file, read over SFTP on demand."""
+    """The end of the job's Slurm output as a worker last read it (no command runs
+    here): at most ``max_bytes`` of it, with ``read_at`` and ``age_s``. A read older than
+    ``LOG_TAIL_FRESH_SECONDS`` (or none yet) asks a worker for a new one (``reading``:
+    poll again); ``error`` says why the last read failed."""
+    now = timezone.now()
+    tail = JobLogTail.objects.filter(job=job).first()
+    fresh = (
+        tail is not None
+        and tail.read_at is not None
+        and ((now - tail.read_at).total_seconds() <= LOG_TAIL_FRESH_SECONDS)
+    )
+    if job.slurm_job_id and not fresh:
+        job_log_tail_request(job=job, now=now)
+        tail = JobLogTail.objects.filter(job=job).first()
+    if tail is None:
+        tail = JobLogTail(job=job)
+    text, truncated = tail.text, tail.truncated
+    data = text.encode()
+    if len(data) > max_bytes:
+        text = data[-max_bytes:].decode("utf-8", errors="replace").split("\n", 1)[-1]
+        truncated = True
+    read_at, asked = tail.read_at, tail.requested_at
+    return {
+        "text": text,
+        "size": tail.size or 0,
+        "truncated": truncated,
+        "path": tail.path or None,
+        "read_at": read_at,
+        "age_s": None if read_at is None else max(0.0, (now - read_at).total_seconds()),
+        "reading": asked is not None and (read_at is None or asked > read_at),
+        "error": tail.error,
+    }
+
+
+def job_log_tail_request(*, job: Job, now: datetime | None = None) -> bool:
+    """Ask a worker to read the job's log tail; False when a read was asked for moments
+    ago (asking again is the same read) or the job has no Slurm job yet."""
     if not job.slurm_job_id:
-        return {"text": "", "size": 0, "truncated": False, "path": None}
-    path = f"{run_dir(job.cluster.workdir, str(job.id), job.run_as)}/slurm-{job.slurm_job_id}.out"
+        return False
+    now = now or timezone.now()
+    JobLogTail.objects.get_or_create(job=job)
+    recent = now - timedelta(seconds=LOG_TAIL_FRESH_SECONDS)
+    # Nothing got updated: another request asked for a read just now.
+    if not (
+        JobLogTail.objects.filter(job=job)
+        .filter(Q(requested_at__isnull=True) | Q(requested_at__lt=recent))
+        .update(requested_at=now)
+    ):
+        return False
+    job_id = str(job.id)
+    transaction.on_commit(lambda: task_send(JOB_LOG_TAIL_READ, job_id))
+    return True
+
+
+def job_log_tail_read(*, job_id: str) -> str:
+    """The worker's read of a job's log tail as the job's account: one stat and one read
+    of at most ``LOG_TAIL_BYTES`` from the end (the task's time limit bounds the wait a
+    login file can cause). Safe to re-run: it overwrites the tail with a newer read. A
+    failure is stored with the tail (the page shows it), never raised."""
+    job = Job.objects.select_related("cluster").filter(id=job_id).first()
+    if job is None or not job.slurm_job_id:
+        return "nothing to read"
+    path = f"{JOBS.run_directory(job)}/slurm-{job.slurm_job_id}.out"
     try:
         # As the job's account: its run directory is readable by it alone.
-        transport = transport_as(job.cluster, job.run_as)
+        transport = JOBS.transport_of(job)
         stat = transport.stat(path)
-        if stat is None:
-            return {"text": "", "size": 0, "truncated": False, "path": path}
-        start = max(0, stat.size - max_bytes)
-        data = transport.read_from(path, start, max_bytes)
+        size = stat.size if stat is not None else 0
+        start = max(0, size - LOG_TAIL_BYTES)
+        data = transport.read_from(path, start, LOG_TAIL_BYTES) if stat is not None else b""
     except slurm_errors.SlurmError as error:
-        raise slurm_error_as_application_error("Could not read the log", error) from None
-    text = data.decode("utf-8", errors="replace")
+        reason = f"could not read the log: {describe_cluster_error(error)}"
+        JobLogTail.objects.update_or_create(job=job, defaults={"error": reason[:1024]})
+        return reason
+    text = data[:LOG_TAIL_BYTES].decode("utf-8", errors="replace").replace("\x00", "")
     if start > 0 and "\n" in text:
         text = text.split("\n", 1)[1]
-    return {"text": text, "size": stat.size, "truncated": start > 0, "path": path}
+    values = {
+        "text": text,
+        "size": size,
+        "truncated": start > 0,
+        "path": path,
+        "read_at": timezone.now(),
+        "error": "",
+    }
+    JobLogTail.objects.update_or_create(job=job, defaults=values)
+    return f"read {len(data)} bytes"

@@ -6,9 +6,9 @@ from typing import Any
 
 from celery import shared_task
 
-from controlplane.tasknames import JOB_SUBMIT, METRICS_ROLLUP
+from controlplane.tasknames import JOB_LOG_TAIL_READ, JOB_SUBMIT, METRICS_ROLLUP
 from jobs.metric_retention import metrics_rollup_due
-from jobs.services import job_submit_gave_up, job_submit_to_slurm
+from jobs.services import job_log_tail_read, job_submit_gave_up, job_submit_to_slurm
 from slurm.errors import TRANSIENT_ERRORS
 
 
@@ -44,3 +44,11 @@ def metrics_rollup_task() -> dict[str, int]:
     moves the job's watermark conditionally, in the transaction that deletes its points."""
     result = metrics_rollup_due(time_budget_s=180.0)
     return {"jobs": result.jobs, "buckets": result.buckets, "points": result.points}
+
+
+@shared_task(name=JOB_LOG_TAIL_READ, time_limit=90, soft_time_limit=80)
+def job_log_tail_read_task(job_id: str) -> str:
+    """Read one job's log tail (bounded bytes) as its account for the page. Not retried:
+    a failure is stored with the tail and shown, and the next look asks again. Safe to
+    re-run: each read replaces the stored tail with a newer one."""
+    return job_log_tail_read(job_id=job_id)

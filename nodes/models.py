@@ -221,6 +221,9 @@ class Partition(models.Model):
     )
     total_cpus = models.PositiveIntegerField(default=0)
     total_nodes = models.PositiveIntegerField(default=0)
+    # Slurm lets every account and group submit here (AllowAccounts=ALL, AllowGroups=ALL,
+    # no DenyAccounts, as its last ``scontrol show partition`` printed).
+    open_to_all = models.BooleanField(default=False)
     gone = models.BooleanField(default=False)
     updated_at = models.DateTimeField(auto_now=True)
 

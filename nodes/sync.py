@@ -85,6 +85,7 @@ def apply_partitions(cluster: Cluster, partitions: list[Any]) -> None:
             "max_time_minutes": data.max_time_minutes,
             "total_cpus": data.total_cpus or 0,
             "total_nodes": data.total_nodes or len(data.nodes),
+            "open_to_all": data.open_to_all,
             "gone": False,
         }
         current = existing.get(data.name)

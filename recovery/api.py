@@ -177,6 +177,8 @@ class SuspectNodeSerializer(serializers.Serializer):
     cluster = serializers.CharField()
     state = serializers.CharField()
     runs = serializers.IntegerField()
+    owners = serializers.IntegerField()
+    slurm_says_faulty = serializers.BooleanField()
     offered_for_draining = serializers.BooleanField()
     silent_data_corruption = serializers.BooleanField()
     evidence = SuspectEvidenceSerializer(many=True)
@@ -185,7 +187,8 @@ class SuspectNodeSerializer(serializers.Serializer):
 class SuspectNodesApi(APIView):
     """Nodes the evidence points at (incidents, and silent data corruption shown by a pair
     of restore drills), not cleared yet, most suspected first (operators).
-    ``offered_for_draining``: suspect with evidence from two or more runs."""
+    ``offered_for_draining``: suspect on evidence from two or more different owners, or
+    Slurm itself shows the node down, drained or failing."""
 
     permission_classes = [IsOperator]
 
@@ -206,6 +209,8 @@ class SuspectNodesApi(APIView):
                     "cluster": summary.node.cluster.name,
                     "state": summary.node.state,
                     "runs": summary.jobs,
+                    "owners": summary.owners,
+                    "slurm_says_faulty": summary.slurm_says_faulty,
                     "offered_for_draining": summary.offered_for_draining,
                     "silent_data_corruption": summary.silent_data_corruption,
                     "evidence": [_evidence(s) for s in summary.suspicions],

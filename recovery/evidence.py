@@ -10,16 +10,31 @@ directory showed (``runs.rundir.RunDirectory``):
   is named.
 
 Both live in the job's own run directory, so they are what the job claims: a node is named
-only when it is one of the job's own allocated nodes, and what a hostile job could do with
+only when it is one of the job's own allocated nodes (checked here and again where every
+suspect is recorded), and what a hostile job could do with
 a false claim is send its own retry elsewhere and put a suspect record (with the evidence
 shown) in front of operators, who decide.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from jobs.models import Job
 from runs.rundir import RunDirectory
-from slurm.hostlist import expand
+
+# Node states (and state flags) in which Slurm itself says a node is at fault: the
+# inventory's copy of Slurm's view, which no job's files can change.
+FAULTY_NODE_STATES = frozenset(
+    {"down", "drain", "drained", "draining", "fail", "failing", "not_responding"}
+)
+
+
+def node_is_faulty(*, state: str, flags: Iterable[object] | None) -> bool:
+    """Whether Slurm's state (or one of its flags) of a node says the node is at fault."""
+    named = {str(flag).lower() for flag in (flags or [])}
+    return (state or "").lower() in FAULTY_NODE_STATES or bool(named & FAULTY_NODE_STATES)
+
 
 # A heartbeat this much older than the freshest one of the same job is stale: the trainer
 # rewrites it every 2 s (``trainer.heartbeat.INTERVAL_S``); file times have 1 s steps.
@@ -27,10 +42,9 @@ STALE_BEAT_S = 10
 
 
 def _allocated(job: Job) -> set[str]:
-    try:
-        return set(expand(job.allocated_nodes)) if job.allocated_nodes else set()
-    except ValueError:
-        return set()
+    """The nodes Slurm allocated to the job (``recovery.services._name_suspects`` holds
+    every suspect to the same set)."""
+    return set(job.allocated_node_names)
 
 
 def crash_suspects(job: Job, directory: RunDirectory | None) -> list[tuple[str, str]]:

@@ -18,7 +18,14 @@ Fail closed; nothing here is evidence unless all of it holds:
   (a NaN never compares equal to itself);
 - the nodes are those Slurm ran the drills on, as Gantry recorded them from squeue or sacct
   (``RestoreDrill.allocated_nodes``), and nodes of the cluster in Gantry's inventory;
-  nothing a report names is used. Equal node sets are no evidence.
+  nothing a report names is used. Equal node sets are no evidence;
+- both drills were scheduled by Gantry itself (``GANTRY_TRIGGERS``: a drill policy, or
+  recovery proving a checkpoint), on the job's own shape: a drill a person started chose
+  its partition, shape and moment, so its placement could be aimed at a node;
+- both ran on the same partition, on nodes of one GPU model (the inventory's) and one
+  software stack (the health probe's ``stack_fingerprint``, Gantry's own reading of each
+  node), the same for both: a difference between two kinds of hardware or two stacks is
+  no evidence against either.
 """
 
 from __future__ import annotations
@@ -36,8 +43,9 @@ from django.db.models.fields.json import KT
 
 from core.audit import AuditAction, audit_event_record
 from drills.models import RestoreDrill
+from health.models import NodeHealth
 from jobs.models import Checkpoint, MetricPoint, StateFingerprint
-from nodes.models import Cluster, Node
+from nodes.models import Cluster, Gpu, Node
 from recovery.models import SuspectNode
 from slurm.hostlist import expand
 from trainer.schema import Reason
@@ -54,6 +62,15 @@ SDC_LOOKBACK = timedelta(hours=1)
 MAX_DRILLS = 50
 # What the allocations of two comparable drills must share (world size and device).
 _SHAPE_KEYS = ("nodes", "tasks_per_node", "gpus_per_node", "gpu_type")
+# Drills Gantry scheduled itself, on the job's own shape, at a moment it chose: only these
+# are evidence against a node (a person's drill chose its partition, shape and moment).
+GANTRY_TRIGGERS = frozenset(
+    {
+        RestoreDrill.Trigger.POLICY_RUNNING,
+        RestoreDrill.Trigger.POLICY_FINAL,
+        RestoreDrill.Trigger.RECOVERY,
+    }
+)
 _NONFINITE_TEXT = frozenset({"NaN", "Infinity", "-Infinity"})
 # Bounds on what the evidence quotes from a report.
 _TENSORS_QUOTED = 4
@@ -186,11 +203,59 @@ def _report_mode(drill: RestoreDrill) -> Any:
     return drill.evidence.get("mode") if isinstance(drill.evidence, dict) else None
 
 
+def _partition(drill: RestoreDrill) -> str:
+    allocation = drill.allocation if isinstance(drill.allocation, dict) else {}
+    partition = allocation.get("partition")
+    return partition if isinstance(partition, str) else ""
+
+
+# Per node name: (its GPU model, its stack fingerprint) in Gantry's inventory and health
+# probe; "" where either is unknown or the node's GPUs are of several models.
+Platforms = dict[str, tuple[str, str]]
+
+
+def node_platforms(cluster: Cluster, names: set[str]) -> Platforms:
+    """What each node of ``names`` is (two queries): the GPU model, the stack."""
+    models: dict[str, set[str]] = {}
+    for name, gpu_type in Gpu.objects.filter(
+        node__cluster=cluster, node__name__in=sorted(names)
+    ).values_list("node__name", "gpu_type"):
+        models.setdefault(name, set()).add(gpu_type or "")
+    stacks = dict(
+        NodeHealth.objects.filter(node__cluster=cluster, node__name__in=sorted(names)).values_list(
+            "node__name", "stack_fingerprint"
+        )
+    )
+    return {
+        name: (
+            next(iter(models[name])) if len(models.get(name, ())) == 1 else "",
+            stacks.get(name) or "",
+        )
+        for name in names
+    }
+
+
+def platform(drill: RestoreDrill, platforms: Platforms) -> tuple[str, str, str] | None:
+    """(partition, GPU model, stack fingerprint) every node of the drill shares, or None
+    when they do not share one or any of it is unknown."""
+    found = {platforms.get(name, ("", "")) for name in _names(drill)}
+    if len(found) != 1:
+        return None
+    [(model, stack)] = found
+    partition = _partition(drill)
+    return (partition, model, stack) if partition and model and stack else None
+
+
 def comparable(failed: RestoreDrill, passed: RestoreDrill) -> bool:
     """Whether the two drills compared the same thing the same way: the same checkpoint,
-    reference, trainer version, steps, shape, both bit for bit."""
+    reference, trainer version, steps, shape and partition, both bit for bit, both
+    scheduled by Gantry (the hardware they ran on is ``platform``'s to compare)."""
     return (
-        failed.checkpoint_id == passed.checkpoint_id
+        failed.trigger in GANTRY_TRIGGERS
+        and passed.trigger in GANTRY_TRIGGERS
+        and bool(_partition(failed))
+        and _partition(failed) == _partition(passed)
+        and failed.checkpoint_id == passed.checkpoint_id
         and passed.verdict == RestoreDrill.Verdict.PASSED
         and bool(failed.reference_digest)
         and failed.reference_digest == passed.reference_digest
@@ -260,6 +325,7 @@ def sdc_record(*, cluster: Cluster, now: datetime) -> int:
             state=RestoreDrill.State.FINISHED,
             finished_at__gte=now - SDC_LOOKBACK,
             attestation=RestoreDrill.Attestation.VERIFIER,
+            trigger__in=sorted(GANTRY_TRIGGERS),
         )
         .filter(
             Q(verdict=RestoreDrill.Verdict.PASSED)
@@ -282,6 +348,7 @@ def _checkpoint_evidence(cluster: Cluster, checkpoint_id: int) -> int:
             checkpoint_id=checkpoint_id,
             state=RestoreDrill.State.FINISHED,
             attestation=RestoreDrill.Attestation.VERIFIER,
+            trigger__in=sorted(GANTRY_TRIGGERS),
             verdict__in=[RestoreDrill.Verdict.PASSED, RestoreDrill.Verdict.FAILED],
         )
         .exclude(allocated_nodes="")
@@ -299,10 +366,18 @@ def _checkpoint_evidence(cluster: Cluster, checkpoint_id: int) -> int:
     ]
     if not passed or not failed:
         return 0
+    platforms = node_platforms(cluster, set().union(*(_names(d) for d in drills)))
     added = 0
     finite: dict[tuple[int, int | None], bool] = {}
     for bad in failed:
-        good = [item for item in passed if comparable(bad, item) and _names(item)]
+        where = platform(bad, platforms)
+        if where is None:
+            continue
+        good = [
+            item
+            for item in passed
+            if comparable(bad, item) and _names(item) and platform(item, platforms) == where
+        ]
         if not good:
             continue
         key = (bad.steps, bad.replay_to_step)
@@ -314,14 +389,19 @@ def _checkpoint_evidence(cluster: Cluster, checkpoint_id: int) -> int:
         mismatch = bit_exact_mismatch(bad)
         if mismatch is None:
             continue
-        added += _record(cluster, bad, good, mismatch)
+        added += _record(cluster, bad, good, mismatch, where)
     return added
 
 
 def _record(
-    cluster: Cluster, bad: RestoreDrill, good: list[RestoreDrill], mismatch: Mismatch
+    cluster: Cluster,
+    bad: RestoreDrill,
+    good: list[RestoreDrill],
+    mismatch: Mismatch,
+    where: tuple[str, str, str],
 ) -> int:
-    """Suspect the nodes of ``bad`` that none of the passing drills ``good`` ran on."""
+    """Suspect the nodes of ``bad`` that none of the passing drills ``good`` ran on
+    (``where``: the partition, GPU model and stack fingerprint all of them share)."""
     failed_on = _names(bad)
     passed_on: set[str] = set().union(*(_names(item) for item in good))
     only_failed = failed_on - passed_on
@@ -330,7 +410,7 @@ def _record(
     nodes = list(Node.objects.filter(cluster=cluster, name__in=sorted(only_failed)))
     if not nodes:
         return 0
-    why = _evidence_text(bad, good, mismatch, failed_on, passed_on, only_failed)
+    why = _evidence_text(bad, good, mismatch, failed_on, passed_on, only_failed, where)
     details = {
         "drill": str(bad.id),
         "passed_drills": [str(item.id) for item in good[:_DRILLS_NAMED]],
@@ -339,6 +419,9 @@ def _record(
         "failed_on": sorted(failed_on),
         "passed_on": sorted(passed_on),
         "mismatch": mismatch.as_evidence(),
+        "partition": where[0],
+        "gpu_model": where[1],
+        "stack_fingerprint": where[2],
     }
     added = 0
     with transaction.atomic():
@@ -378,6 +461,7 @@ def _evidence_text(
     failed_on: set[str],
     passed_on: set[str],
     only_failed: set[str],
+    where: tuple[str, str, str],
 ) -> str:
     checkpoint = bad.checkpoint
     start = checkpoint.step
@@ -388,7 +472,8 @@ def _evidence_text(
         f"{', '.join(sorted(failed_on))} ({mismatch.words()}), while drill{plural} "
         f"{_drill_names(good)} of the same checkpoint passed the same comparison (steps "
         f"{start + 1}-{start + bad.steps}, the same reference and trainer "
-        f"{bad.trainer_digest[:12]}) on {', '.join(sorted(passed_on))}; "
+        f"{bad.trainer_digest[:12]}) on {', '.join(sorted(passed_on))}; all of them "
+        f"scheduled by Gantry on partition {where[0]}, {where[1]} GPUs, stack {where[2]}; "
         f"{', '.join(sorted(only_failed))} ran only in the failed drill"
     )
     return text[:EVIDENCE_CHARS]

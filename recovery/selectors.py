@@ -11,11 +11,17 @@ from typing import Any
 from django.db.models import QuerySet
 from django.utils import timezone
 
+from core.roles import is_operator
 from core.types import User
 from jobs.selectors import job_get_for_user, job_list_for_user
 from nodes.models import Node
+from recovery.evidence import node_is_faulty
 from recovery.incidents import lineage_root
 from recovery.models import Incident, SuspectNode
+
+# The most open suspicions of one node read to count their owners (a node with more is
+# offered for draining long before).
+MAX_OWNERS_READ = 500
 
 
 def incident_list_for_user(*, user: User) -> QuerySet[Incident]:
@@ -106,16 +112,36 @@ def _mean(values: list[float]) -> float | None:
 class SuspectSummary:
     node: Node
     suspicions: list[SuspectNode]
+    # The distinct runs (lineages) and the distinct owners the evidence comes from.
     jobs: int
+    owners: int = 0
+
+    @property
+    def slurm_says_faulty(self) -> bool:
+        """Slurm itself shows the node down, drained or failing (the inventory's copy of
+        its node state, never anything a job wrote)."""
+        return node_is_faulty(state=self.node.state, flags=self.node.state_flags)
 
     @property
     def offered_for_draining(self) -> bool:
-        """Suspect in incidents of different jobs' lineages: evidence beyond one run."""
-        return self.jobs >= 2
+        """Evidence from two or more different owners, or Slurm's own view of the node.
+        Runs are not enough: one person's two jobs (two lineages) are one party's word,
+        and a researcher must not be able to get another's node drained by themselves."""
+        return self.owners >= 2 or self.slurm_says_faulty
 
     @property
     def silent_data_corruption(self) -> bool:
         return any(item.is_silent_data_corruption for item in self.suspicions)
+
+
+def _evidence_job(suspicion: SuspectNode) -> Any:
+    """The job whose run a suspicion is evidence from: its incident's, or (silent data
+    corruption) the job whose checkpoint the drills ran."""
+    if suspicion.incident is not None:
+        return suspicion.incident.job
+    if suspicion.drill is None:
+        return None
+    return suspicion.drill.checkpoint.job
 
 
 def _evidence_lineage(suspicion: SuspectNode, roots: dict[Any, Any]) -> Any:
@@ -124,12 +150,19 @@ def _evidence_lineage(suspicion: SuspectNode, roots: dict[Any, Any]) -> Any:
     lineage root by job id."""
     if suspicion.incident is not None:
         return suspicion.incident.lineage_root_id
-    if suspicion.drill is None:
+    job = _evidence_job(suspicion)
+    if job is None:
         return None
-    job = suspicion.drill.checkpoint.job
     if job.id not in roots:
         roots[job.id] = lineage_root(job).id
     return roots[job.id]
+
+
+def _evidence_owners(items: list[SuspectNode]) -> int:
+    """How many different owners (``Job.owner``: who submitted the run the evidence is
+    from) the suspicions of one node come from."""
+    owners = {getattr(_evidence_job(item), "owner_id", None) for item in items}
+    return len(owners - {None})
 
 
 def _suspicions() -> QuerySet[SuspectNode]:
@@ -147,7 +180,7 @@ def _suspicions() -> QuerySet[SuspectNode]:
 def suspect_nodes(*, cluster_id: int | None = None) -> list[SuspectSummary]:
     """Nodes with suspicions no operator cleared, most suspected first. A node's runs are
     the distinct lineages its evidence comes from (an incident's, or the checkpoint's
-    job's for silent data corruption)."""
+    job's for silent data corruption); its owners, the distinct owners of those runs."""
     rows = _suspicions().filter(cleared_at__isnull=True)
     if cluster_id is not None:
         rows = rows.filter(node__cluster_id=cluster_id)
@@ -162,16 +195,61 @@ def suspect_nodes(*, cluster_id: int | None = None) -> list[SuspectSummary]:
             jobs=len(
                 {_evidence_lineage(item, roots) for item in items} - {None},
             ),
+            owners=_evidence_owners(items),
         )
         for items in by_node.values()
     ]
-    return sorted(found, key=lambda s: (-s.jobs, -len(s.suspicions), s.node.name))
+    return sorted(found, key=lambda s: (-s.owners, -s.jobs, -len(s.suspicions), s.node.name))
 
 
 def node_incidents(*, node: Node, limit: int = 20) -> list[SuspectNode]:
     """The suspicions that named ``node`` (an incident's, or silent data corruption a
     pair of drills showed; cleared or not), newest first."""
     return list(_suspicions().filter(node=node).order_by("-created_at")[:limit])
+
+
+@dataclass(frozen=True)
+class NodeSuspicions:
+    """What a person may see of the suspicions of one node. Everyone sees that it is
+    suspected and how much; the evidence (other people's job ids, steps, losses, drills)
+    is in ``rows`` for operators only, so a researcher learns nothing of another's run
+    from a node page."""
+
+    open: int
+    cleared: int
+    owners: int
+    silent_data_corruption: int
+    rows: list[SuspectNode]
+    shows_evidence: bool
+
+    @property
+    def total(self) -> int:
+        return self.open + self.cleared
+
+
+def node_suspicions_for_user(*, user: User, node: Node, limit: int = 20) -> NodeSuspicions:
+    """The suspicions of ``node`` as ``user`` may see them: counts for everyone, the
+    evidence itself for operators (``core.roles.is_operator``)."""
+    from django.db.models import Count, Q
+
+    counts = SuspectNode.objects.filter(node=node).aggregate(
+        open=Count("id", filter=Q(cleared_at__isnull=True)),
+        cleared=Count("id", filter=Q(cleared_at__isnull=False)),
+        sdc=Count(
+            "id",
+            filter=Q(cleared_at__isnull=True, kind=SuspectNode.Kind.SILENT_DATA_CORRUPTION),
+        ),
+    )
+    open_rows = list(_suspicions().filter(node=node, cleared_at__isnull=True)[:MAX_OWNERS_READ])
+    operator = is_operator(user)
+    return NodeSuspicions(
+        open=counts["open"] or 0,
+        cleared=counts["cleared"] or 0,
+        owners=_evidence_owners(open_rows),
+        silent_data_corruption=counts["sdc"] or 0,
+        rows=node_incidents(node=node, limit=limit) if operator else [],
+        shows_evidence=operator,
+    )
 
 
 def incident_counts() -> dict[tuple[int, str, str], int]:

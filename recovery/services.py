@@ -39,7 +39,7 @@ from recovery.detect import (
     signal_of,
     spiked_jobs,
 )
-from recovery.evidence import crash_suspects, hang_suspects
+from recovery.evidence import crash_suspects, hang_suspects, node_is_faulty
 from recovery.incidents import incident_move, job_recovery_settings, lineage_root
 from recovery.models import Incident, JobProgress, RecoveryPolicy, SuspectNode
 from recovery.resume import resume_on_proof
@@ -55,7 +55,6 @@ _NODE_VIEW_SIGNALS = frozenset({Incident.Signal.NODE_FAILURE, Incident.Signal.HA
 # Endings that are no evidence against any node: a preemption (the scheduler's choice) and
 # the time limit (srun's lines then only say which tasks Slurm stopped).
 NO_NODE_EVIDENCE = frozenset({Incident.Signal.PREEMPTED, Incident.Signal.TIMEOUT})
-_FAULTY_NODE_STATES = {"down", "drain", "drained", "draining", "fail", "failing", "not_responding"}
 
 
 def _open(
@@ -120,9 +119,8 @@ def _faulty_nodes(job: Job, names: list[str]) -> list[tuple[Node, str]]:
     failing or not responding, with that state in words."""
     found = []
     for node in Node.objects.filter(cluster=job.cluster, name__in=names):
-        state = (node.state or "").lower()
         flags = {str(flag).lower() for flag in (node.state_flags or [])}
-        if state in _FAULTY_NODE_STATES or flags & _FAULTY_NODE_STATES:
+        if node_is_faulty(state=node.state, flags=flags):
             found.append(
                 (node, f"{node.state}{' (' + ', '.join(sorted(flags)) + ')' if flags else ''}")
             )
@@ -276,7 +274,10 @@ def stragglers_open(*, jobs: list[Job], now: datetime) -> int:
     opened = 0
     with_incident = set(Incident.objects.filter(job__in=jobs).values_list("job_id", flat=True))
     for job in jobs:
-        slow = stragglers(job.rank_timing)
+        # Ingest keeps only timings within the allocation; a state stored before it did
+        # (or changed by hand) is held to it here too, before it reaches an incident's words.
+        allocated = set(job.allocated_node_names)
+        slow = [item for item in stragglers(job.rank_timing) if item.get("node") in allocated]
         if not slow or job.id in with_incident:
             continue
         settings = job_recovery_settings(job)
@@ -324,10 +325,14 @@ def _name_stragglers(incident: Incident, job: Job, slow: list[dict[str, Any]]) -
 
 def _name_suspects(incident: Incident, job: Job, named: Sequence[tuple[Node | str, str]]) -> None:
     """Record the nodes ``named`` (a node or a node name of the job's cluster, with the
-    evidence in words) as suspects of ``incident``."""
-    if not named:
+    evidence in words) as suspects of ``incident``. Only nodes Slurm allocated to the job
+    are recorded, whatever the signal: the one place every piece of evidence (a job's
+    own files above all: srun lines, heartbeats, per-rank timings) is confined to the
+    job's allocation, so no job can put somebody else's node in front of operators."""
+    allocated = set(job.allocated_node_names)
+    names = {item[0] if isinstance(item[0], str) else item[0].name for item in named} & allocated
+    if not names:
         return
-    names = {item[0] if isinstance(item[0], str) else item[0].name for item in named}
     nodes = {n.name: n for n in Node.objects.filter(cluster=job.cluster, name__in=names)}
     recorded: list[str] = list(incident.suspect_nodes or [])
     for item, why in named:

@@ -14,9 +14,13 @@ class RunEventKind(StrEnum):
     STATE = "state"
     # A further sbatch attempt after the first.
     SUBMIT_ATTEMPT = "submit_attempt"
-    # scancel sent (by a person, or for a Slurm job submitted while a cancel was asked).
+    # A cancel asked, scancel sent (by a person, or for a Slurm job submitted while a cancel
+    # was asked), or a cancel that failed (the message says which).
     CANCEL = "cancel"
     # A second Slurm job carrying the object's tag was cancelled.
     DUPLICATE = "duplicate"
     # Slurm's reason for the current state changed.
     REASON = "reason"
+    # A hold / release asked, sent (``scontrol``), or failed (the message says which).
+    HOLD = "hold"
+    RELEASE = "release"

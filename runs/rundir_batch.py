@@ -259,11 +259,14 @@ class BatchReader:
             ],
         }
         self.commands += 1
-        result = self.transport.exec(
-            [self.python, "-I", "-S", "-c", PROGRAM], stdin=json.dumps(request).encode()
-        )
         entries = len(targets) + sum(len(reads.get(t.directory, [])) for t in targets)
         limit = self.budget + ANSWER_SLACK_BYTES + ANSWER_BYTES_PER_ENTRY * entries
+        # The answer may be larger than a command's usual output bound, never than this.
+        result = self.transport.exec(
+            [self.python, "-I", "-S", "-c", PROGRAM],
+            stdin=json.dumps(request).encode(),
+            max_output=limit,
+        )
         return parse_answer(result.stdout, targets, reads, limit=limit)
 
 

@@ -83,6 +83,9 @@ class ScriptSpec:
     rank_output: bool = False
     # Nodes Slurm must not use (a checked node list expression).
     exclude: str = ""
+    # The nodes whole (``--exclusive``): no other job shares them while this one runs (an
+    # acceptance step judges its nodes; co-located work must not turn into a verdict).
+    exclusive: bool = False
     # What the cluster's operator allows on top of the default environment allow-list
     # (``Cluster.extra_allowed_environment``); the script refuses any other name.
     allowed_environment: tuple[str, ...] = ()
@@ -233,6 +236,8 @@ def render_sbatch(spec: ScriptSpec) -> str:
         lines.append(f"#SBATCH --switches={spec.switches}")
     if spec.exclude:
         lines.append(f"#SBATCH --exclude={spec.exclude}")
+    if spec.exclusive:
+        lines.append("#SBATCH --exclusive")
     lines += [
         "",
         "set -euo pipefail",

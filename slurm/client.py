@@ -62,6 +62,7 @@ class CommandRunner(Protocol):
         stdin: bytes | None = None,
         timeout: float | None = None,
         check: bool = True,
+        max_output: int | None = None,
     ) -> Any: ...
 
 

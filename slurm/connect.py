@@ -53,6 +53,11 @@ class SshConfig:
     connect_timeout: float = 10
     command_timeout: float = 60
     keepalive: int = 15
+    # The bytes of a command's stdout and stderr kept: a command (or a login file such as
+    # ~/.ssh/rc) that prints more fails with CommandOutputTooLarge; the rest is never read.
+    # ``exec(max_output=...)`` sets another stdout bound for one call.
+    max_output_bytes: int = 16 << 20
+    max_stderr_bytes: int = 1 << 20
     # When set, the server key's SHA256 fingerprint must also equal it.
     expected_fingerprint: str | None = None
     certificate: CertificateSpec | None = None

@@ -53,6 +53,23 @@ class SshCommandTimeout(SshOutcomeUnknown):
         self.timeout = timeout
 
 
+class CommandOutputTooLarge(SshOutcomeUnknown):
+    """A remote command printed more than the bytes Gantry keeps of it (``limit`` on
+    ``stream``): reading stopped there, the channel was closed (the remote side gets EOF or
+    SIGPIPE) and what it had printed was discarded, so no caller ever sees a truncated
+    success. Its outcome is unknown like a timeout's (a flooding login file may still have
+    let ``sbatch`` queue the job), but retrying will not help until the account's login files
+    or the command change: not transient."""
+
+    transient = False
+
+    def __init__(self, message: str, *, argv: Sequence[str], stream: str, limit: int) -> None:
+        super().__init__(message)
+        self.argv = list(argv)
+        self.stream = stream
+        self.limit = limit
+
+
 class LocalResourceUnavailable(SshTransientError):
     """Gantry's own side of a login failed for a reason that passes: one of its SSH files
     (the user CA, a private key, known_hosts) could not be read just now (an I/O error, too
@@ -310,6 +327,9 @@ def describe_cluster_error(error: BaseException) -> str:
         return f"Gantry could not read Slurm's output: {error}"
     if isinstance(error, SlurmCommandError):
         return f"A Slurm command failed: {error}"
+    if isinstance(error, CommandOutputTooLarge):
+        # Not "unreachable": the link works, the account's command or login files flood.
+        return f"A command on the cluster printed too much: {error}"
     if isinstance(error, LocalResourceUnavailable):
         return f"Gantry could not set up the SSH login for now: {error}"
     if isinstance(error, SshTransientError):

@@ -96,11 +96,21 @@ class SftpOperations:
         # SFTP operations are idempotent (writes go to a temp name, then rename).
         return self._with_link(f"SFTP {what}", run, retry=True)
 
-    def get_bytes(self, path: str) -> bytes:
+    def get_bytes(self, path: str, max_bytes: int | None = None) -> bytes:
+        """The whole of ``path``, of at most ``max_bytes`` (default: the config's
+        ``max_output_bytes``, the bound on a command's output): a larger file is refused
+        (``RemoteFileRefused``) after reading at most ``max_bytes + 1`` bytes."""
+        limit = self.config.max_output_bytes if max_bytes is None else max_bytes
+        if limit <= 0:
+            raise ValueError("max_bytes must be > 0")
+
         def read(sftp: paramiko.SFTPClient) -> bytes:
             with sftp.open(path, "rb") as handle:
-                handle.prefetch()
-                return handle.read()
+                handle.prefetch(min(handle.stat().st_size or 0, limit + 1))
+                data = handle.read(limit + 1)
+            if len(data) > limit:
+                raise RemoteFileRefused(f"{path} is larger than {limit} bytes", path=path)
+            return data
 
         data = self._sftp_call("read", path, read)
         self.bytes_read += len(data)

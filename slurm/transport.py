@@ -1,7 +1,8 @@
 """SSH transport to a cluster's login host: pinned host key, key or certificate auth,
-exec with stdin, SFTP (``slurm.sftp``); and the pool: one connection per login
-identity (the service account, each cluster account Gantry acts as) per process, closed
-when idle, at most so many per login node.
+exec with stdin, bounded in time and in the output kept (``slurm.channel``), SFTP
+(``slurm.sftp``); and the pool: one connection per login identity (the service account,
+each cluster account Gantry acts as) per process, closed when idle, at most so many per
+login node.
 
 Failures become ``slurm.errors`` classes: a dead link is retried once
 transparently (only where no command can have run twice), then surfaces as
@@ -14,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import os
-import select
 import shlex
 import threading
 import time
@@ -25,10 +25,10 @@ from typing import TypeVar
 import paramiko
 
 from slurm.certificates import CertificateSpec, SignedKey, signed_key
+from slurm.channel import Bounds, drive
 from slurm.connect import LINK_ERRORS, SshConfig, open_client
 from slurm.errors import (
     SshAuthenticationError,
-    SshCommandTimeout,
     SshError,
     SshOutcomeUnknown,
     SshTransientError,
@@ -252,10 +252,15 @@ class SshTransport(SftpOperations):
         stdin: bytes | None = None,
         timeout: float | None = None,
         check: bool = True,
+        max_output: int | None = None,
     ) -> ExecResult:
         """Run ``argv`` on the login host; every element reaches the program literally.
 
         ``check=True`` raises ``SlurmCommandError`` (or a subclass) on a non-zero exit.
+        ``timeout`` (default ``command_timeout``) bounds the whole command from opening its
+        channel, so a login file that sleeps before the command starts counts against it;
+        ``max_output`` (default ``max_output_bytes``) bounds the stdout kept
+        (``CommandOutputTooLarge`` past it).
         """
         argv = [str(part) for part in argv]
         if not argv:
@@ -263,7 +268,9 @@ class SshTransport(SftpOperations):
         if any("\x00" in part for part in argv):
             # A NUL cannot travel in an SSH exec request; refuse rather than cut it short.
             raise ValueError("an argument contains a NUL byte")
-        return self._run(shlex.join(argv), argv, stdin=stdin, timeout=timeout, check=check)
+        return self._run(
+            shlex.join(argv), argv, stdin=stdin, timeout=timeout, check=check, max_output=max_output
+        )
 
     def exec_shell(
         self,
@@ -272,9 +279,17 @@ class SshTransport(SftpOperations):
         stdin: bytes | None = None,
         timeout: float | None = None,
         check: bool = True,
+        max_output: int | None = None,
     ) -> ExecResult:
         """Run a fixed shell script. Only for trusted text; quote values with shlex.quote."""
-        return self._run(script, ["sh", "-c", script], stdin=stdin, timeout=timeout, check=check)
+        return self._run(
+            script,
+            ["sh", "-c", script],
+            stdin=stdin,
+            timeout=timeout,
+            check=check,
+            max_output=max_output,
+        )
 
     def _run(
         self,
@@ -284,11 +299,19 @@ class SshTransport(SftpOperations):
         stdin: bytes | None,
         timeout: float | None,
         check: bool,
+        max_output: int | None,
     ) -> ExecResult:
+        if max_output is not None and max_output <= 0:
+            raise ValueError("max_output must be > 0")
+        bounds = Bounds(
+            seconds=self.config.command_timeout if timeout is None else timeout,
+            stdout=self.config.max_output_bytes if max_output is None else max_output,
+            stderr=self.config.max_stderr_bytes,
+        )
         started = time.monotonic()
         self._begin()
         try:
-            result = self._run_once(command, argv, stdin=stdin, timeout=timeout)
+            result = self._run_once(command, argv, stdin=stdin, bounds=bounds)
         except Exception:
             with self._lock:
                 self.command_errors += 1
@@ -302,22 +325,35 @@ class SshTransport(SftpOperations):
         return result
 
     def _run_once(
-        self, command: str, argv: list[str], *, stdin: bytes | None, timeout: float | None
+        self, command: str, argv: list[str], *, stdin: bytes | None, bounds: Bounds
     ) -> ExecResult:
-        limit = self.config.command_timeout if timeout is None else timeout
+        deadline = 0.0
 
         def open_channel(client: paramiko.SSHClient) -> paramiko.Channel:
+            nonlocal deadline
             transport = client.get_transport()
             if transport is None or not transport.is_active():
                 raise EOFError("SSH transport is not active")
-            return transport.open_session(timeout=self.config.connect_timeout)
+            # The command's time starts once the link is up (logging in has its own
+            # timeouts, ``open_client``): opening the channel, the exec request, a login
+            # file that sleeps or floods before the command, and the command itself.
+            deadline = time.monotonic() + bounds.seconds
+            return transport.open_session(timeout=min(self.config.connect_timeout, bounds.seconds))
 
         # Opening a channel runs nothing, so a dead link there is safe to retry.
         channel = self._with_link("opening a channel", open_channel, retry=True)
         with self._lock:
             self.commands_run += 1
         try:
-            rc, stdout, stderr = self._drive(channel, command, argv, stdin, limit)
+            rc, stdout, stderr = drive(
+                channel,
+                command,
+                argv,
+                stdin=stdin,
+                bounds=bounds,
+                deadline=deadline,
+                endpoint=self.config.endpoint,
+            )
         except SshError:
             raise
         except LINK_ERRORS as exc:
@@ -329,6 +365,7 @@ class SshTransport(SftpOperations):
                 f"{exc or type(exc).__name__}"
             ) from exc
         finally:
+            # Past a bound this is what stops the command: the remote side gets EOF/SIGPIPE.
             channel.close()
         with self._lock:
             self.bytes_read += len(stdout) + len(stderr)
@@ -338,69 +375,6 @@ class SshTransport(SftpOperations):
             stdout=stdout.decode("utf-8", errors="replace"),
             stderr=stderr.decode("utf-8", errors="replace"),
         )
-
-    def _drive(
-        self,
-        channel: paramiko.Channel,
-        command: str,
-        argv: list[str],
-        stdin: bytes | None,
-        limit: float,
-    ) -> tuple[int, bytes, bytes]:
-        deadline = time.monotonic() + limit
-        channel.settimeout(limit)
-        channel.exec_command(command)
-        pending = memoryview(stdin or b"")
-        if not pending:
-            channel.shutdown_write()
-        stdout: list[bytes] = []
-        stderr: list[bytes] = []
-        while True:
-            progressed = False
-            while channel.recv_ready():
-                chunk = channel.recv(65536)
-                if not chunk:
-                    break
-                stdout.append(chunk)
-                progressed = True
-            while channel.recv_stderr_ready():
-                chunk = channel.recv_stderr(65536)
-                if not chunk:
-                    break
-                stderr.append(chunk)
-                progressed = True
-            if pending and channel.send_ready():
-                sent = channel.send(bytes(pending[:32768]))
-                pending = pending[sent:]
-                if not pending:
-                    channel.shutdown_write()
-                progressed = True
-            if (
-                channel.exit_status_ready()
-                and channel.eof_received
-                and not channel.recv_ready()
-                and not channel.recv_stderr_ready()
-            ):
-                break
-            if channel.closed and not channel.recv_ready() and not channel.recv_stderr_ready():
-                if not channel.exit_status_ready():
-                    raise EOFError("channel closed before the command reported its exit status")
-                break
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise SshCommandTimeout(
-                    f"{argv[0]} did not finish within {limit:g}s on {self.config.endpoint}",
-                    argv=argv,
-                    timeout=limit,
-                )
-            if not progressed:
-                # The channel's fileno becomes readable on stdout, stderr or EOF.
-                select.select([channel], [], [], min(remaining, 0.5 if pending else 5.0))
-        status = channel.recv_exit_status()
-        if status == -1:
-            # paramiko's "no exit status": the connection died under the command.
-            raise EOFError("the connection closed before the command reported its exit status")
-        return status, b"".join(stdout), b"".join(stderr)
 
 
 # ---------------------------------------------------------------- pool

@@ -132,17 +132,28 @@
     }).catch(function () {});
   }
 
-  var logsButton = document.getElementById("load-logs");
-  if (logsButton) logsButton.addEventListener("click", function () {
+  // The tail as a worker last read it (no web request reads the cluster for it): shown
+  // with its age; while a newer read is on its way, asked again for a few seconds.
+  function readNote(data) {
+    var note = document.getElementById("logs-read-at");
+    if (!note) return;
+    if (data.error) { note.textContent = data.error + (data.read_at ? " (showing the read of " + new Date(data.read_at).toLocaleTimeString() + ")" : ""); return; }
+    if (!data.read_at) { note.textContent = data.reading ? "reading the output on the cluster…" : ""; return; }
+    note.textContent = "read " + new Date(data.read_at).toLocaleTimeString() + " (" + Math.round(data.age_s) + " s ago)" + (data.reading ? "; reading it again…" : "");
+  }
+
+  function loadTail(tries) {
     var pre = document.getElementById("logs");
-    pre.hidden = false;
-    pre.textContent = "loading…";
-    fetch(logsUrl, {credentials: "same-origin"}).then(function (r) { return r.json(); }).then(function (data) {
+    return fetch(logsUrl, {credentials: "same-origin"}).then(function (r) { return r.json(); }).then(function (data) {
       if (data.message) { pre.textContent = data.message; return; }
-      pre.textContent = (data.truncated ? "… (earlier output cut: download the whole output)\n" : "") + (data.text || "(no output yet)\n");
-      pre.scrollTop = pre.scrollHeight;
-      logSize = data.path ? data.size : null;
-      if (!finalNow() && !following) {
+      readNote(data);
+      if (data.read_at || !data.reading) {
+        pre.textContent = (data.truncated ? "… (earlier output cut: download the whole output)\n" : "") + (data.text || "(no output yet)\n");
+        pre.scrollTop = pre.scrollHeight;
+      }
+      if (data.reading && tries > 0) return new Promise(function (done) { setTimeout(done, 1000); }).then(function () { return loadTail(tries - 1); });
+      logSize = data.path && data.read_at ? data.size : null;
+      if (!finalNow() && !following && logSize !== null) {
         following = true;
         followNote("following the output while the job runs…");
         GantryPoll.every(function () {
@@ -152,6 +163,15 @@
       }
       showRanks();
     });
+  }
+
+  var logsButton = document.getElementById("load-logs");
+  if (logsButton) logsButton.addEventListener("click", function () {
+    var pre = document.getElementById("logs");
+    pre.hidden = false;
+    if (!pre.textContent) pre.textContent = "loading…";
+    logsButton.textContent = "Refresh the end of the Slurm output";
+    loadTail(20);
   });
 
   function tick() {

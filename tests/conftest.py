@@ -6,6 +6,7 @@ run as their own account there; the outsider and users made by hand have none.""
 
 from __future__ import annotations
 
+import os
 import time
 import types
 from datetime import datetime
@@ -87,9 +88,27 @@ def anonymous_api() -> APIClient:
 
 import lanes  # noqa: E402
 
+# Fixtures through which a test reaches the database (pytest-django's, directly or below
+# another fixture: ``fixturenames`` is the closure).
+_DATABASE_FIXTURES = frozenset(
+    {"db", "transactional_db", "django_db_reset_sequences", "django_db_serialized_rollback"}
+)
+
+
+def _uses_the_database(item: Any) -> bool:
+    return item.get_closest_marker("django_db") is not None or bool(
+        _DATABASE_FIXTURES & set(getattr(item, "fixturenames", ()))
+    )
+
 
 def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
     lanes.check_declared(items)
+    if os.environ.get("GANTRY_TEST_DATABASE_ONLY") == "1":
+        # The PostgreSQL lane: a test that never reaches the database ran in the checks
+        # lane already and would run the same here.
+        kept = [item for item in items if _uses_the_database(item)]
+        config.hook.pytest_deselected(items=[item for item in items if item not in kept])
+        items[:] = kept
     if getattr(config.option, "numprocesses", None):
         lanes.longest_first(items)
 
@@ -212,6 +231,14 @@ def dev_cluster_registered(transactional_db: Any, devcluster: Any, request: Any)
     assert cluster_sync(cluster_id=registration.cluster.pk).ok
     devcluster.trust_user_ca(registration.cluster.user_ca_public_key)
     map_personas(cluster=registration.cluster)
+    # The operator's drill budget for a test cluster: the drill suites start dozens of
+    # drills of one researcher at once (the defaults allow 3; tests/drills checks them).
+    from drills.models import DrillBudget
+
+    DrillBudget.objects.update_or_create(
+        cluster=registration.cluster,
+        defaults={"max_active_drills": 200, "max_gpus": 1000, "max_gpu_hours_per_day": 100000},
+    )
     yield registration.cluster
     _slurm_jobs_of_this_test_gone(devcluster)
 

@@ -15,7 +15,7 @@ from rest_framework.views import APIView
 
 from core.access import request_user
 from core.permissions import IsResearcherOrOperator
-from jobs.api.jobs import AcceptedSerializer, accepted
+from jobs.api.jobs import AcceptedSerializer, RequestAcceptedSerializer, accepted, accepted_request
 from jobs.api.templates import JobTemplateSerializer
 from jobs.compose.templates import job_run_again, job_template_from_job
 from jobs.output import job_output_response, job_rank_outputs
@@ -24,28 +24,28 @@ from jobs.selectors import job_get_for_user
 
 
 class JobHoldApi(APIView):
-    """Hold a job pending in Slurm (``scontrol hold``): it stays pending until released.
-    Owner or operator; 409 unless the job is pending. 202: poll for Slurm's new reason."""
+    """Hold a job pending in Slurm (``scontrol hold``, sent by a worker as the job's
+    account): it stays pending until released. Owner or operator; 409 unless the job is
+    pending. 202 with ``request`` ("hold requested"): poll for Slurm's new reason."""
 
     permission_classes = [IsResearcherOrOperator]
 
-    @extend_schema(request=None, responses={202: AcceptedSerializer})
+    @extend_schema(request=None, responses={202: RequestAcceptedSerializer})
     def post(self, request: Request, job_id: str) -> Response:
         job = job_get_for_user(user=request_user(request), job_id=job_id)
-        job_hold(actor=request_user(request), job=job)
-        return accepted(job)
+        return accepted_request(job, job_hold(actor=request_user(request), job=job))
 
 
 class JobReleaseApi(APIView):
-    """Release a held job (``scontrol release``). Owner or operator; 409 unless pending."""
+    """Release a held job (``scontrol release``, sent by a worker). Owner or operator;
+    409 unless pending; 202 with ``request`` ("release requested")."""
 
     permission_classes = [IsResearcherOrOperator]
 
-    @extend_schema(request=None, responses={202: AcceptedSerializer})
+    @extend_schema(request=None, responses={202: RequestAcceptedSerializer})
     def post(self, request: Request, job_id: str) -> Response:
         job = job_get_for_user(user=request_user(request), job_id=job_id)
-        job_release(actor=request_user(request), job=job)
-        return accepted(job)
+        return accepted_request(job, job_release(actor=request_user(request), job=job))
 
 
 class JobRunAgainApi(APIView):

@@ -310,6 +310,25 @@ def accepted(job: Job) -> Response:
     return Response(AcceptedSerializer(body).data, status=status.HTTP_202_ACCEPTED)
 
 
+class RequestAcceptedSerializer(AcceptedSerializer):
+    request = serializers.CharField(
+        help_text="what became of the ask: cancel requested (a worker sends it), cancel "
+        "requested already, cancelled (before Slurm had it), already <state>; hold / "
+        "release requested"
+    )
+
+
+def accepted_request(job: Job, outcome: str) -> Response:
+    """202 for a cancel, hold or release: recorded, carried out by a worker."""
+    body = {
+        "id": job.id,
+        "state": job.state,
+        "poll": reverse("api:job-detail", args=[job.id]),
+        "request": outcome,
+    }
+    return Response(RequestAcceptedSerializer(body).data, status=status.HTTP_202_ACCEPTED)
+
+
 class JobSubmitApi(APIView):
     """Submit a training job (202: poll ``poll`` for its state).
 
@@ -378,16 +397,18 @@ class JobDetailApi(APIView):
 
 
 class JobCancelApi(APIView):
-    """Cancel a job (owner or operator); idempotent. 202: poll for ``cancelled``."""
+    """Cancel a job (owner or operator); idempotent. 202 with ``request``: "cancel
+    requested" (a worker sends scancel as the job's account; a failure shows on the job's
+    timeline as "could not cancel: …"); poll for ``cancelled``."""
 
     permission_classes = [IsResearcherOrOperator]
 
-    @extend_schema(request=None, responses={202: AcceptedSerializer})
+    @extend_schema(request=None, responses={202: RequestAcceptedSerializer})
     def post(self, request: Request, job_id: str) -> Response:
         job = job_get_for_user(user=request_user(request), job_id=job_id)
-        job_cancel(actor=request_user(request), job=job)
+        outcome = job_cancel(actor=request_user(request), job=job)
         job.refresh_from_db()
-        return accepted(job)
+        return accepted_request(job, outcome)
 
 
 class JobResumeApi(APIView):
@@ -525,7 +546,9 @@ class JobCheckpointsApi(APIView):
 
 
 class JobLogsApi(APIView):
-    """The tail of the job's Slurm output file, read from the cluster now."""
+    """The tail of the job's Slurm output file as a worker last read it, with ``read_at``
+    and ``age_s``; a read older than a few seconds asks for a new one (``reading``: poll
+    again). ``error``: why the last read failed. Nothing is read from the cluster here."""
 
     permission_classes = [IsResearcherOrOperator]
 

@@ -42,7 +42,8 @@ one step), and the expected goodput at an interval ``τ`` is
 ``g(τ) = 1 − C/τ − τ/(2M) − R/M``, clipped to [0, 1].
 
 ``M`` comes from the cluster's history, blended with a prior (Gamma-Poisson, posterior
-mean): with ``F`` interruptions (jobs that failed, were lost or hit a node failure) over
+mean): with ``F`` interruptions (those Slurm or Gantry's health checks evidence, never a
+job's own claim: ``jobs.goodput.selectors._failure_history``) over
 ``H`` GPU-hours of ended jobs, and a job of ``G`` GPUs, the interruption rate per GPU-hour
 is ``λ = (k₀ + F) / (k₀·M₀·G + H)`` and ``M = 1 / (λ·G)``: the prior counts as ``k₀ = 1``
 interruption seen in ``M₀ = 24 h`` of a job this size. With no history ``M = M₀``; the

@@ -32,9 +32,11 @@ from django.db.models import (
 from django.utils import timezone
 
 from core import cache
+from health.models import HealthEvent
 from jobs.goodput import ledger as goodput
 from jobs.models import Checkpoint, Job, JobEvent, MetricPoint, MetricRollup
-from nodes.models import Cluster
+from nodes.models import Cluster, HealthState
+from slurm.hostlist import expand
 from trainer.config import DEFAULTS as TRAINER_DEFAULTS
 
 
@@ -349,26 +351,35 @@ def cluster_failure_history(*, cluster: Cluster) -> goodput.FailureHistory:
     )
 
 
+# Endings Slurm itself reports as an interruption: a node failure, and the preemptions and
+# boot failures Gantry's ``failed`` folds in (``jobs.lifecycle`` keeps Slurm's state as the
+# reason). Nothing a job writes moves these.
+_SLURM_INTERRUPTIONS = (
+    Q(state=Job.State.NODE_FAIL)
+    | Q(state=Job.State.FAILED, state_reason__startswith="preempted")
+    | Q(state=Job.State.FAILED, state_reason__startswith="boot failure")
+)
+# A health probe that finds a node critical this long after a job on it ended still speaks
+# of the job's end (the probe runs on its own schedule, after the node went bad).
+HEALTH_EVIDENCE_GRACE = timedelta(minutes=15)
+
+
 def _failure_history(*, cluster_id: int) -> goodput.FailureHistory:
     """Interruptions and GPU-hours of the cluster's ended jobs: one query, grouped by job
-    shape (few groups), the runtimes summed in the database."""
-    interrupted = [Job.State.FAILED, Job.State.LOST, Job.State.NODE_FAIL]
+    shape (few groups), the runtimes summed in the database.
+
+    An interruption is one that Slurm or Gantry's health checks evidence: Slurm's own
+    node failure, preemption or boot failure, or a job that failed (or that recovery
+    stopped) while Gantry's health probe found one of its nodes turning critical
+    (``_health_evidenced``). A failure only the job's own files or exit code claim (a crash
+    of its program, a hang, a straggler, a diverged loss) is not counted: the rate is every
+    researcher's checkpoint advice, and one researcher's jobs must not move it."""
     rows = (
-        Job.objects.filter(
-            cluster_id=cluster_id,
-            state__in=Job.FINAL_STATES,
-            started_at__isnull=False,
-            ended_at__isnull=False,
-        )
+        _ended_jobs(cluster_id)
         .values("nodes", "gpus_per_node", "tasks_per_node")
         .annotate(
             runtime=Sum(F("ended_at") - F("started_at"), output_field=DurationField()),
-            # A job that ended in a failure of its own, or that recovery stopped (a hang, a
-            # straggler, a diverged loss: cancelled by recovery, with an incident; the
-            # recovery app's table, by its relation name: at most one per job).
-            interruptions=Count(
-                "id", filter=Q(state__in=interrupted) | Q(incidents__isnull=False), distinct=True
-            ),
+            interruptions=Count("id", filter=_SLURM_INTERRUPTIONS),
         )
         .order_by()
     )
@@ -383,7 +394,55 @@ def _failure_history(*, cluster_id: int) -> goodput.FailureHistory:
         seconds = runtime.total_seconds() if isinstance(runtime, timedelta) else 0.0
         gpu_hours += gpus * max(0.0, seconds) / 3600.0
         interruptions += row["interruptions"]
+    interruptions += _health_evidenced(cluster_id)
     return goodput.FailureHistory(interruptions=interruptions, gpu_hours=gpu_hours)
+
+
+def _ended_jobs(cluster_id: int) -> QuerySet[Job]:
+    return Job.objects.filter(
+        cluster_id=cluster_id,
+        state__in=Job.FINAL_STATES,
+        started_at__isnull=False,
+        ended_at__isnull=False,
+    )
+
+
+def _health_evidenced(cluster_id: int) -> int:
+    """Jobs that failed, were lost or were stopped by recovery (and are not counted as
+    Slurm's already) while Gantry's health probe saw one of their nodes turn critical,
+    from their start to ``HEALTH_EVIDENCE_GRACE`` after their end. Two queries; none of
+    the jobs' rows is read when the probe never saw a node of the cluster turn critical."""
+    changes: dict[str, list[datetime]] = {}
+    for name, at in HealthEvent.objects.filter(
+        node__cluster_id=cluster_id, to_state=HealthState.CRITICAL
+    ).values_list("node__name", "at"):
+        changes.setdefault(name, []).append(at)
+    if not changes:
+        return 0
+    first = min(min(times) for times in changes.values())
+    last = max(max(times) for times in changes.values())
+    candidates = (
+        _ended_jobs(cluster_id)
+        .filter(Q(state__in=[Job.State.FAILED, Job.State.LOST]) | Q(incidents__isnull=False))
+        .exclude(_SLURM_INTERRUPTIONS)
+        .filter(started_at__lte=last, ended_at__gte=first - HEALTH_EVIDENCE_GRACE)
+        .exclude(allocated_nodes="")
+        .values_list("id", "allocated_nodes", "started_at", "ended_at")
+        .distinct()
+    )
+    counted = set()
+    for job_id, allocated, started_at, ended_at in candidates:
+        # Both set (``_ended_jobs``); checked again for the type checker.
+        if started_at is None or ended_at is None:
+            continue
+        until = ended_at + HEALTH_EVIDENCE_GRACE
+        try:
+            names = expand(allocated)
+        except ValueError:
+            continue
+        if any(started_at <= at <= until for name in names for at in changes.get(name, ())):
+            counted.add(job_id)
+    return len(counted)
 
 
 def _median_checkpoint_blocking(points: QuerySet[MetricPoint]) -> float | None:

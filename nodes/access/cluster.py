@@ -108,6 +108,8 @@ def _config(
         known_hosts_path=str(known_hosts_path(cluster)),
         connect_timeout=settings.SSH_CONNECT_TIMEOUT,
         command_timeout=settings.SSH_COMMAND_TIMEOUT,
+        max_output_bytes=settings.SSH_MAX_OUTPUT_BYTES,
+        max_stderr_bytes=settings.SSH_MAX_STDERR_BYTES,
         expected_fingerprint=cluster.host_key_fingerprint or None,
         certificate=certificate,
         public_key=public_key,

@@ -15,9 +15,11 @@ finished one means, the timeline) is a handful of hooks on a subclass:
 ``jobs.lifecycle.JobLifecycle`` and ``drills.lifecycle.DrillLifecycle``.
 
 Modules: ``kind`` (hooks and the transition primitive), ``submit`` (exactly-once
-submission, cancel, requeue), ``watch`` (what the watcher applies), ``views`` (what Slurm
-and the run directories say, read in a constant number of commands), ``phases``; the run
-directories themselves are listed by ``runs.rundir``.
+submission, cancel, requeue), ``requests`` (a person's cancel, hold and release, recorded
+in the web request and carried out by a worker as the object's account), ``watch`` (what
+the watcher applies), ``views`` (what Slurm and the run directories say, read in a
+constant number of commands), ``phases``; the run directories themselves are listed by
+``runs.rundir``.
 """
 
 from __future__ import annotations

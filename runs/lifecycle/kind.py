@@ -22,6 +22,20 @@ logger = logging.getLogger(__name__)
 
 Tracked = TypeVar("Tracked", bound=SlurmTracked)
 
+# Every lifecycle by its model's label ("jobs.job"): a worker carrying out a request
+# (``runs.lifecycle.requests``) finds the kind it was made for here.
+LIFECYCLES: dict[str, SlurmKind[Any]] = {}
+
+
+def lifecycle_of(label: str) -> SlurmKind[Any]:
+    """The lifecycle of the kind ``label`` names. Each app's ``lifecycle`` module makes its
+    one instance on import; a process that has not imported them yet does so here."""
+    if label not in LIFECYCLES:
+        from django.utils.module_loading import autodiscover_modules
+
+        autodiscover_modules("lifecycle")
+    return LIFECYCLES[label]
+
 
 class WontSubmit(Exception):
     """Raised by ``prepare``: Gantry decided, before any sbatch, that this object cannot
@@ -50,6 +64,14 @@ class SlurmKind(Generic[Tracked]):
     FINISH_FROM_EXIT_RECORD: ClassVar[bool] = False
     # Watch closely (no idle back-off) while one is in flight: someone waits for it.
     LATENCY_SENSITIVE: ClassVar[bool] = False
+
+    def __init__(self) -> None:
+        LIFECYCLES[self.label] = self
+
+    @property
+    def label(self) -> str:
+        """The kind's name where requests record it: its model's label."""
+        return str(self.model._meta.label_lower)
 
     QUEUED = "queued"
     SUBMITTING = "submitting"
@@ -150,6 +172,22 @@ class SlurmKind(Generic[Tracked]):
     def cancel_was_requested(self, obj: Tracked) -> bool:
         """Whether someone asked to cancel the object (a signal then means cancelled)."""
         return False
+
+    def request_recorded(self, obj: Tracked, action: str, *, by: str) -> None:
+        """Someone asked for ``action`` (cancel, hold, release); a worker carries it out."""
+        self.record(obj, RunEventKind(action), message=f"{action} requested by {by}")
+
+    def request_carried_out(self, obj: Tracked, action: str, *, by: str) -> None:
+        """The worker sent the command for ``action`` as the object's account."""
+        if action == RunEventKind.CANCEL:
+            self.cancel_requested(obj, by=by)
+        else:
+            verb = "held" if action == RunEventKind.HOLD else "released"
+            self.record(obj, RunEventKind(action), message=f"{verb} by {by}")
+
+    def request_failed(self, obj: Tracked, action: str, *, reason: str) -> None:
+        """The command for ``action`` failed for good: say so on the object's own page."""
+        self.record(obj, RunEventKind(action), message=f"could not {action}: {reason}")
 
     # ---------------------------------------------------------------- the primitive
 

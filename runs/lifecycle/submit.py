@@ -281,26 +281,37 @@ class Submission(SlurmKind[Tracked]):
         if obj is not None:
             self.gave_up(obj, describe_cluster_error(error))
 
+    def cancel_before_slurm(
+        self, obj: Tracked, *, by: str, audit: Callable[[Tracked], None]
+    ) -> bool:
+        """End an object Slurm has no job for yet (no command runs); False if someone
+        moved it first (then the caller reads it again)."""
+        with transaction.atomic():
+            if not self.transition(
+                obj,
+                self.CANCELLED,
+                message=f"cancelled by {by} before reaching Slurm",
+                **self.ended_values(timezone.now()),
+            ):
+                return False
+            audit(obj)
+        return True
+
     def cancel(self, obj: Tracked, *, by: str, audit: Callable[[Tracked], None]) -> str:
-        """Cancel ``obj``; idempotent. ``audit(obj)`` is called in the same transaction as
-        the change it records. Accepts any state; a final object is left as it is. An object
-        without a Slurm job ends at once (a Slurm job that lands later with its tag is
-        cancelled by the watcher)."""
+        """Cancel ``obj`` now, from a worker (recovery, acceptance): ``scancel`` runs in the
+        caller as the object's account. A person's cancel is a request instead
+        (``runs.lifecycle.requests``: no command runs inside a web request). Idempotent;
+        ``audit(obj)`` is called in the same transaction as the change it records. Accepts
+        any state; a final object is left as it is. An object without a Slurm job ends at
+        once (a Slurm job that lands later with its tag is cancelled by the watcher)."""
         for _ in range(3):
             obj.refresh_from_db()
             if self.is_final(obj):
                 return f"already {obj.state}"
             if obj.slurm_job_id:
                 break
-            with transaction.atomic():
-                if self.transition(
-                    obj,
-                    self.CANCELLED,
-                    message=f"cancelled by {by} before reaching Slurm",
-                    **self.ended_values(timezone.now()),
-                ):
-                    audit(obj)
-                    return "cancelled"
+            if self.cancel_before_slurm(obj, by=by, audit=audit):
+                return "cancelled"
         if not obj.slurm_job_id:
             raise ConflictError(
                 f"The {self.noun} is being submitted right now; try again in a moment."

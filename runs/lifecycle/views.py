@@ -57,6 +57,9 @@ class SlurmViews:
     exits: dict[str, dict[str, Any]] = field(default_factory=dict)
     # Run directories that could not be read this cycle, and why.
     errors: list[str] = field(default_factory=list)
+    # Slurm job ids whose run directory the cycle could not list (unknown, not empty): no
+    # absence of an exit record there may count as evidence.
+    unlisted: set[str] = field(default_factory=set)
 
     @property
     def accounting_ok(self) -> bool:
@@ -143,6 +146,8 @@ def _read_exit_records(
     )
     for obj, directory in items:
         entry = listed.get(directory)
+        if entry is None:
+            views.unlisted.add(obj.slurm_job_id)
         record = entry.exit_record(obj.slurm_job_id) if entry is not None else None
         if record is not None:
             views.exits[obj.slurm_job_id] = record

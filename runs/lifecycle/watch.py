@@ -17,7 +17,7 @@ from nodes.models import Cluster
 from runs.events import RunEventKind
 from runs.lifecycle.kind import Tracked
 from runs.lifecycle.phases import Phase, is_final_phase, slurm_phase
-from runs.lifecycle.submit import Submission
+from runs.lifecycle.requests import Requesting
 from runs.lifecycle.views import ACCOUNTING_NONE, SlurmViews
 from runs.rundir import RunDirectory
 from slurm import commands as slurm_commands
@@ -58,7 +58,7 @@ def record_from_exit(
     )
 
 
-class Watching(Submission[Tracked]):
+class Watching(Requesting[Tracked]):
     def active_in_slurm(self, cluster: Cluster) -> list[Tracked]:
         """Objects Slurm knows (a Slurm job id and a state Slurm moves)."""
         return list(
@@ -214,6 +214,10 @@ class Watching(Submission[Tracked]):
             return int(self.finished(obj, built, now))
         if record is not None:
             return self._apply_active(obj, record)
+        if queued is None and obj.slurm_job_id in views.unlisted and not views.accounting_ok:
+            # Without sacct the run directory is the only record of how it ended, and it
+            # could not be listed this cycle: unknown, never lost.
+            return 0
         if queued is None and (views.accounting_ok or views.accounting == ACCOUNTING_NONE):
             return self._maybe_lost(obj, now)
         # Final in squeue but not yet in sacct (it lags), or accounting is down: wait.

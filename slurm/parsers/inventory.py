@@ -229,6 +229,9 @@ def _partition_from_kv(pairs: dict[str, str]) -> Partition:
         max_nodes=as_int(pairs.get("MaxNodes")),
         hidden=is_yes(pairs.get("Hidden", "NO")),
         tres=parse_tres(pairs.get("TRES")),
+        allow_accounts=(as_text(pairs.get("AllowAccounts")) or "")[:1024],
+        deny_accounts=(as_text(pairs.get("DenyAccounts")) or "")[:1024],
+        allow_groups=(as_text(pairs.get("AllowGroups")) or "")[:1024],
     )
 
 

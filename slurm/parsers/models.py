@@ -80,6 +80,21 @@ class Partition:
     max_nodes: int | None = None
     hidden: bool = False
     tres: dict[str, str] = field(default_factory=dict)
+    # Who Slurm lets submit there, as it prints them (``ALL``, or comma lists of Slurm
+    # accounts / Unix groups); "" where it printed nothing.
+    allow_accounts: str = ""
+    deny_accounts: str = ""
+    allow_groups: str = ""
+
+    @property
+    def open_to_all(self) -> bool:
+        """Slurm itself lets every account and group submit here (what it printed says so;
+        nothing printed is not "all")."""
+        return (
+            self.allow_accounts.upper() == "ALL"
+            and self.allow_groups.upper() == "ALL"
+            and self.deny_accounts.strip() in ("", "(null)")
+        )
 
 
 @dataclass(frozen=True)

@@ -182,6 +182,8 @@ def test_one_step_over_every_node_one_rank_per_gpu_in_the_fixed_configuration(
     assert spec.nodelist == "n[1-4]" and spec.time_limit_minutes == 5 + 10
     assert spec.environment == (("TRAINER_NUM_THREADS", "1"),)
     assert "export TRAINER_NUM_THREADS=1" in render_sbatch(spec)
+    # The judged nodes whole: nobody else's work shares them while they are measured.
+    assert "#SBATCH --exclusive" in render_sbatch(spec).splitlines()
 
 
 def test_the_first_run_of_a_configuration_is_inconclusive_and_becomes_the_record(

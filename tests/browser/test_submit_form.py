@@ -290,14 +290,21 @@ def test_the_log_tail_follows_a_running_job(
             f"{directory}/rank-777-1.out": b"",
         }
     )
-    # The live server runs in this process: both ways the page reads the cluster.
+    # The live server runs in this process: the output stream reads the cluster, and the
+    # tail's worker read (jobs.services.job_log_tail_read) runs here as the broker's.
     monkeypatch.setattr(JOBS, "transport_of", lambda obj: fake)
-    monkeypatch.setattr(jobs.services, "transport_as", lambda cluster, account: fake)
+    monkeypatch.setattr(
+        jobs.services,
+        "task_send",
+        lambda name, job_id: bool(jobs.services.job_log_tail_read(job_id=job_id)),
+    )
     log_in(page, live_server, researcher.username)
     page.goto(f"{live_server.url}/jobs/{job.id}/")
     page.click("#load-logs")
     page.wait_for_function("document.querySelector('#logs').textContent.includes('step 1 loss')")
     assert "following the output" in page.inner_text("#logs-follow")
+    # When the shown tail was read, in words.
+    assert " s ago)" in page.inner_text("#logs-read-at")
     page.wait_for_selector("#rank-outputs a.rank-output[data-rank='1']")
     assert page.locator("#rank-outputs a.rank-output").count() == 2
     assert page.get_attribute("#download-output", "href") == f"/jobs/{job.id}/output/"

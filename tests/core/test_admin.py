@@ -57,9 +57,10 @@ def populated(operator: Any, researcher: Any) -> dict[str, Any]:
     checkpoint = CheckpointFactory(job=job, step=100)
     RestoreDrill.objects.create(checkpoint=checkpoint, allocation={"nodes": 1}, allocation_key="n1")
     audit_event_record(actor=operator, action="node.drain", target=node, details={"reason": "fan"})
-    from drills.models import DrillPolicy
+    from drills.models import DrillBudget, DrillPolicy
 
     DrillPolicy.objects.create(cluster=switch.cluster, enabled=True, running_every_hours=6)
+    DrillBudget.objects.create(cluster=switch.cluster, max_active_drills=2)
     from core.models import ApiToken
 
     # Made directly, not by the service: the audit log test expects one event.

@@ -111,7 +111,12 @@ def test_a_usercustomize_in_the_researchers_home_never_runs_when_the_job_starts(
         )
         job = Job.objects.get(id=job_id)
         assert job.run_as == ACCOUNT and job.slurm_job_id, (job.state, job.state_reason)
-        log = researcher_api.get(f"/api/v1/jobs/{job_id}/logs/").json()["text"]
+        # Read by a worker as the job's account (the web request reads nothing): polled.
+        log = wait_until(
+            lambda: researcher_api.get(f"/api/v1/jobs/{job_id}/logs/").json()["text"],
+            timeout=30,
+            what="the log tail, read by the worker",
+        )
         # Python did start the trainer (and stopped where this Python lacks torch) ...
         assert "No module named 'torch'" in log, log[-2000:]
         # ... without running the account's hook first.

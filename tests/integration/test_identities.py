@@ -15,6 +15,7 @@ import pytest
 from drill_support import run_job, start_drill, wait_finished, wait_verdict
 from rest_framework.test import APIClient
 
+from celery_support import wait_until
 from core.audit import AuditAction
 from core.models import AuditEvent
 from devcluster_support import DevCluster, devcluster_env, owner_and_private_mode
@@ -78,8 +79,14 @@ def test_two_researchers_jobs_run_as_their_own_unix_users(
     # Gantry read both as their owners: metrics, checkpoints, the log tail.
     assert ritas.metric_points.count() == 8 and robs.metric_points.count() == 4
     assert ritas.checkpoints.count() == 2 and robs.checkpoints.count() == 2
-    log = researcher_api.get(f"/api/v1/jobs/{ritas.id}/logs/").json()
-    assert "gantry: job" in log["text"], log
+    # The tail is read by a worker as alice (the web request reads nothing): polled.
+    wait_until(
+        lambda: (
+            "gantry: job" in researcher_api.get(f"/api/v1/jobs/{ritas.id}/logs/").json()["text"]
+        ),
+        timeout=30,
+        what="the log tail, read by the worker as alice",
+    )
     submit = AuditEvent.objects.get(action=AuditAction.JOB_SUBMIT, target_id=str(robs.id))
     assert submit.details["run_as"] == "bob"
 

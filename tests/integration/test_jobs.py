@@ -79,8 +79,15 @@ def test_two_node_ddp_job_runs_to_completion(
     assert states[:3] == ["queued", "submitting", "pending"] and states[-1] == "completed"
     assert "running" in states
 
-    logs = researcher_api.get(f"/api/v1/jobs/{job_id}/logs/").json()
-    assert "trainer: rank 0/2 on n1" in logs["text"]
+    # The tail as a worker read it (the web request reads nothing): asked, then polled.
+    wait_until(
+        lambda: (
+            "trainer: rank 0/2 on n1"
+            in researcher_api.get(f"/api/v1/jobs/{job_id}/logs/").json()["text"]
+        ),
+        timeout=30,
+        what="the log tail, read by the worker",
+    )
     metrics = researcher_api.get(f"/api/v1/jobs/{job_id}/metrics/").json()
     assert metrics["count"] == 40 and len(metrics["series"]["loss"]) == 40
     assert metrics["optimal_loss"] is not None

@@ -90,7 +90,8 @@ def test_a_killed_rank_is_recovered_from_a_proven_checkpoint_bit_exact(
     assert resumed is not None and resumed.parent_id == job.id
     assert resumed.resume_from_id == checkpoint.pk
     detected_after = (incident.detected_at - incident.stopped_at).total_seconds()
-    assert detected_after >= 0 and time.monotonic() - killed_at < 300
+    # Slurm's end time has whole seconds (and the exit record its own clock's): within one.
+    assert detected_after >= -1.0 and time.monotonic() - killed_at < 300
 
     # The resumed run repeats the steps the original logged after the checkpoint, exactly.
     overlap_end = job.last_step or checkpoint.step

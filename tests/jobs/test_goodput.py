@@ -309,13 +309,14 @@ def add_points(job: Job, steps: range, *, step_time: float = 2.0, blocking_at: i
 
 @pytest.fixture
 def lineage(researcher: Any) -> dict[str, Any]:
-    """A reached step 150 (checkpoints at 100 and 150), failed; B resumed from A@100."""
+    """A reached step 150 (checkpoints at 100 and 150), ended in a node failure (Slurm's
+    own word: an interruption for the advice); B resumed from A@100."""
     cluster = ClusterFactory()
     a_end = at(60 + 5 + 300 + 10)
     a = JobFactory(
         owner=researcher,
         cluster=cluster,
-        state=Job.State.FAILED,
+        state=Job.State.NODE_FAIL,
         nodes=2,
         gpus_per_node=4,
         submitted_at=at(0),
@@ -372,7 +373,7 @@ def test_api_detail_has_the_lineage_ledger(
     assert ledger["job"]["buckets"]["lost_progress"] == 0
 
     advice = ledger["advice"]
-    # A failed job on an otherwise empty cluster: 1 interruption, the prior still weighs.
+    # A node failure on an otherwise empty cluster: 1 interruption, the prior still weighs.
     assert advice["inputs"]["interruptions"] == 1
     assert advice["inputs"]["prior_used"] is True
     a_gpu_hours = 8 * (a.ended_at - a.started_at).total_seconds() / 3600

@@ -161,3 +161,29 @@ def test_out_of_range_values_never_fail_the_batch(count: int) -> None:
     stored, _ = metrics_ingest(job=job, data=data, start_offset=0)
     assert stored == count + 1
     assert MetricPoint.objects.get(job=job, step=count + 1).world_size is None
+
+
+def test_bad_lines_log_once_per_chunk_and_an_overlong_line_is_skipped(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from jobs.ingest import METRICS_LINE_MAX_BYTES
+
+    job = JobFactory()
+    bad = b"".join(b"not json %d\n" % i for i in range(5000))
+    with caplog.at_level("WARNING", logger="jobs.ingest"):
+        stored, offset = metrics_ingest(job=job, data=bad + lines(range(1, 4)), start_offset=0)
+    assert stored == 3 and offset == len(bad) + len(lines(range(1, 4)))
+    # 5000 bad lines, one log record (with the count), not 5000.
+    records = [r for r in caplog.records if "unreadable" in r.getMessage()]
+    assert len(records) == 1 and "5000" in records[0].getMessage()
+    # A line longer than any line of metrics, read in pieces without a newline: the reader
+    # goes on past it instead of waiting for it forever; its end does not parse; the next
+    # line is stored.
+    huge = b'{"step": 9, "pad": "' + b"x" * METRICS_LINE_MAX_BYTES
+    _, past = metrics_ingest(job=job, data=huge, start_offset=offset)
+    assert past == offset + len(huge)
+    stored, end = metrics_ingest(job=job, data=b'xx"}\n' + lines(range(10, 11)), start_offset=past)
+    assert stored == 1 and MetricPoint.objects.filter(job=job, step=10).exists()
+    assert not MetricPoint.objects.filter(job=job, step=9).exists()
+    # A partial line shorter than that still waits.
+    assert metrics_ingest(job=job, data=b'{"step": 11', start_offset=end) == (0, end)

@@ -165,8 +165,21 @@ def _pending_job(owner: Any) -> Job:
 
 @pytest.fixture
 def fake_slurm(monkeypatch: pytest.MonkeyPatch) -> FakeClient:
+    """The job's account's client, used by the request task; each enqueued request is
+    carried out at once, as a worker would (the web request itself sends nothing)."""
+    import runs.lifecycle.requests
+    from runs.tasks import slurm_request_carry_out_task
+
     client = FakeClient()
     monkeypatch.setattr(JOBS, "client_of", lambda obj: client)
+    monkeypatch.setattr(
+        runs.lifecycle.requests,
+        "task_send",
+        lambda name, request_id: slurm_request_carry_out_task.run(request_id),
+    )
+    monkeypatch.setattr(
+        runs.lifecycle.requests.transaction, "on_commit", lambda callback, **_: callback()
+    )
     return client
 
 
@@ -181,6 +194,7 @@ def test_owner_holds_and_releases_with_audit(
     event = AuditEvent.objects.get(action=AuditAction.JOB_HOLD)
     assert event.actor == researcher and event.target_id == str(job.id)
     assert JobEvent.objects.filter(job=job, kind="hold", message="held by rita-researcher").exists()
+    assert JobEvent.objects.filter(job=job, message="hold requested by rita-researcher").exists()
 
     # Slurm's reason once the watcher has read it: held in Gantry, in words.
     Job.objects.filter(pk=job.pk).update(state_reason="JobHeldAdmin")
@@ -238,16 +252,23 @@ def test_only_a_pending_job_can_be_held(
     assert fake_slurm.calls == []
 
 
-def test_slurm_refusing_a_hold_is_a_502(
+def test_slurm_refusing_a_hold_shows_on_the_jobs_timeline(
     researcher: Any, researcher_api: APIClient, fake_slurm: FakeClient
 ) -> None:
     job = _pending_job(researcher)
     stderr = (RECORDED / "scontrol_hold_unknown.txt").read_text()
     fake_slurm.error = slurm_errors.command_error(["scontrol", "hold", "4242"], 1, "", stderr)
-    refused = researcher_api.post(f"/api/v1/jobs/{job.id}/hold/")
-    assert refused.status_code == 502
-    assert "Could not hold the job" in refused.json()["message"]
-    assert not AuditEvent.objects.filter(action=AuditAction.JOB_HOLD).exists()
+    # Recorded and audited in the request; the worker's scontrol failed: the job says why.
+    accepted = researcher_api.post(f"/api/v1/jobs/{job.id}/hold/")
+    assert accepted.status_code == 202 and accepted.json()["request"] == "hold requested"
+    assert fake_slurm.calls == [("hold", "4242")]
+    failure = JobEvent.objects.get(job=job, kind="hold", message__startswith="could not hold: ")
+    assert "Invalid job id" in failure.message
+    assert not JobEvent.objects.filter(job=job, message__startswith="held by").exists()
+    # A hold that was asked and failed is not "held in Gantry".
+    job.refresh_from_db()
+    summary = job_pending_summary(job=job)
+    assert summary is not None and summary["held"] is False
 
 
 def test_the_page_shows_the_reason_expected_start_and_position(researcher: Any) -> None:

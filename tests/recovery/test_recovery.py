@@ -549,9 +549,13 @@ def test_a_straggler_is_only_reported_where_suspects_are_not_left_out(
     assert incident.outcome == Incident.Outcome.NOTIFIED and cancels == []
 
 
-def test_a_job_recovery_stopped_counts_as_an_interruption_in_the_advice(
+def test_a_job_recovery_stopped_counts_as_an_interruption_only_on_health_evidence(
     cluster: Cluster, researcher: Any, cancels: list[str]
 ) -> None:
+    """A hang is the job's own metrics going quiet: by itself it does not move everyone's
+    checkpoint advice; with the health probe finding one of its nodes critical meanwhile,
+    it does."""
+    from health.models import HealthEvent
     from jobs.goodput.selectors import _failure_history
 
     RecoveryPolicy.objects.create(cluster=cluster, hang_floor_seconds=60)
@@ -561,6 +565,15 @@ def test_a_job_recovery_stopped_counts_as_an_interruption_in_the_advice(
     _cycle(cluster, seen={job.id}, now=start)
     _cycle(cluster, seen={job.id}, now=start + timedelta(seconds=120))
     Job.objects.filter(pk=job.pk).update(state="cancelled", ended_at=start + timedelta(seconds=121))
+    assert Incident.objects.filter(job=job, signal=Incident.Signal.HANG).exists()
+    assert _failure_history(cluster_id=cluster.pk).interruptions == before
+    HealthEvent.objects.create(
+        node=Node.objects.get(cluster=cluster, name="gpu-b-02"),
+        at=start + timedelta(seconds=60),
+        from_state="ok",
+        to_state="critical",
+        reason="XID 79: GPU fell off the bus",
+    )
     assert _failure_history(cluster_id=cluster.pk).interruptions == before + 1
 
 

@@ -56,12 +56,13 @@ def test_the_policy_is_read_by_all_and_changed_by_operators_with_an_audit(
 
 
 def test_suspects_are_listed_with_evidence_and_cleared_by_operators(
-    researcher: Any, operator: Any
+    researcher: Any, other_researcher: Any, operator: Any
 ) -> None:
     cluster = ClusterFactory()
     node = NodeFactory(cluster=cluster, name="rack7-node3")
-    for _ in range(2):
-        incident = crash_incident(JobFactory(owner=researcher, cluster=cluster))
+    # Two owners' runs: a drain is offered (one owner's two runs would not be).
+    for owner in (researcher, other_researcher):
+        incident = crash_incident(JobFactory(owner=owner, cluster=cluster))
         SuspectNode.objects.create(node=node, incident=incident, evidence="NODE_FAIL; it was down")
     listed = _api(operator).get("/api/v1/suspect-nodes/").json()
     assert listed[0]["node"] == "rack7-node3" and listed[0]["offered_for_draining"] is True

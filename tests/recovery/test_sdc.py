@@ -1,6 +1,7 @@
 """Silent data corruption: a restore drill that failed its bit-exact comparison on one
 allocation while a drill of the same checkpoint passed the same comparison on another is
-evidence against the first allocation's nodes, and nothing else is.
+evidence against the first allocation's nodes, and nothing else is: both drills scheduled
+by Gantry (a policy, recovery), on one partition, GPU model and software stack.
 
 The drills are rows as the watcher leaves them (verdict, reason code, the report as
 evidence, the nodes Slurm ran them on); the cluster has a shape the dev cluster does not.
@@ -21,8 +22,9 @@ from rest_framework.test import APIClient
 from core.models import AuditEvent
 from drills.models import RestoreDrill
 from factories import CheckpointFactory, JobFactory
+from health.models import NodeHealth
 from jobs.models import Checkpoint, Job, JobEvent, MetricPoint, StateFingerprint
-from nodes.models import Cluster, Node
+from nodes.models import Cluster, Gpu, Node
 from notifications.sdc_source import sdc_suspicions
 from notifications.topics import Audience, EventKind, Subscriber, Topic, subscription_wants
 from recovery.cycle import recovery_cycle
@@ -34,6 +36,16 @@ from recovery.selectors import suspect_nodes
 from .test_recovery import _failed_job
 
 pytestmark = pytest.mark.django_db
+
+STACK = "0123456789abcdef"
+
+
+@pytest.fixture(autouse=True)
+def _probed(cluster: Cluster) -> None:
+    """Every node of the cluster probed by Gantry's health check, one software stack."""
+    for node in Node.objects.filter(cluster=cluster):
+        NodeHealth.objects.create(node=node, state="ok", stack_fingerprint=STACK)
+
 
 STEP = 600
 STEPS = 5
@@ -132,6 +144,8 @@ def _drill(checkpoint: Checkpoint, nodes: str, **values: Any) -> RestoreDrill:
         "verifier_account": "gverify",
         "allocated_nodes": nodes,
         "finished_at": timezone.now(),
+        # Scheduled by Gantry's drill policy: only such drills are evidence.
+        "trigger": RestoreDrill.Trigger.POLICY_RUNNING,
     }
     fields.update(values)
     return RestoreDrill.objects.create(**fields)
@@ -311,7 +325,41 @@ NOT_EVIDENCE = {
     "a step outside the replay": _variant(evidence=_diverged(step=STEP + 40)),
     "nodes outside the cluster": _variant(allocated_nodes="ghost-[1-2]"),
     "nodes Gantry did not see": _variant(allocated_nodes=""),
+    "a failure the owner started (its placement theirs)": _variant(
+        trigger=RestoreDrill.Trigger.MANUAL
+    ),
+    "a pass the owner started": _passing(trigger=RestoreDrill.Trigger.MANUAL),
+    "a pass on another partition": _passing(allocation={**ALLOCATION, "partition": "debug"}),
+    "a pass on another GPU model": lambda checkpoint: _elsewhere(checkpoint, gpu_type="a100"),
+    "a pass on another software stack": lambda checkpoint: _elsewhere(checkpoint, stack="f" * 16),
+    "a failure on nodes of unknown stack": lambda checkpoint: _unprobed(checkpoint, "gpu-b-01"),
+    "a failure on nodes of unknown GPU model": lambda checkpoint: _elsewhere(
+        checkpoint, gpu_type="", nodes=("gpu-b-02",)
+    ),
 }
+
+
+def _elsewhere(
+    checkpoint: Checkpoint,
+    *,
+    gpu_type: str | None = None,
+    stack: str | None = None,
+    nodes: tuple[str, ...] = ("gpu-b-03", "gpu-b-04"),
+) -> None:
+    """The usual pair, with some nodes of another GPU model or software stack."""
+    cluster = checkpoint.job.cluster
+    if gpu_type is not None:
+        Gpu.objects.filter(node__cluster=cluster, node__name__in=nodes).update(gpu_type=gpu_type)
+    if stack is not None:
+        NodeHealth.objects.filter(node__cluster=cluster, node__name__in=nodes).update(
+            stack_fingerprint=stack
+        )
+    _variant()(checkpoint)
+
+
+def _unprobed(checkpoint: Checkpoint, name: str) -> None:
+    NodeHealth.objects.filter(node__cluster=checkpoint.job.cluster, node__name=name).delete()
+    _variant()(checkpoint)
 
 
 @pytest.mark.parametrize("case", sorted(NOT_EVIDENCE))
@@ -463,12 +511,16 @@ def test_the_api_and_the_pages_show_the_drills_behind_an_sdc_suspicion(
     assert "silent data corruption: restore drill" in node_html
     assert f'href="/drills/{bad.id}/"' in node_html
 
-    # A researcher sees the evidence on the node page, not the drills of another's run.
+    # A researcher sees that the node is suspected and how much, not the evidence: the
+    # drills, the checkpoint's job, its step and losses are operators' to read.
     other = Client()
     other.force_login(researcher)
     researcher_html = other.get(f"/nodes/{node.pk}/").content.decode()
-    assert "silent data corruption: restore drill" in researcher_html
-    assert f"/drills/{bad.id}/" not in researcher_html and "a restore drill" in researcher_html
+    assert "Suspected: 1 open suspicion" in researcher_html
+    assert "1 of silent data corruption" in researcher_html
+    assert "silent data corruption: restore drill" not in researcher_html
+    assert f"/drills/{bad.id}/" not in researcher_html
+    assert str(checkpoint.job_id)[:8] not in researcher_html and "2.47" not in researcher_html
 
 
 def test_operators_are_told_of_a_node_suspected_of_sdc(cluster: Cluster, researcher: Any) -> None:
@@ -492,3 +544,26 @@ def test_operators_are_told_of_a_node_suspected_of_sdc(cluster: Cluster, researc
     operator = Subscriber(user_id=1, is_operator=True, topics=topics, cluster_id=None)
     not_operator = Subscriber(user_id=2, is_operator=False, topics=topics, cluster_id=None)
     assert subscription_wants(operator, event) and not subscription_wants(not_operator, event)
+
+
+def test_the_same_pair_on_one_partition_gpu_model_and_stack_is_evidence(
+    cluster: Cluster, researcher: Any
+) -> None:
+    """The cases above differ from this one in one thing each: here it is evidence, with
+    the partition, GPU model and stack in its words and its audit record."""
+    _variant()(_checkpoint(_job(cluster, researcher)))
+    assert _record(cluster) == 2 and _suspected() == {"gpu-b-01", "gpu-b-02"}
+    why = SuspectNode.objects.filter(node__name="gpu-b-01").get().evidence
+    assert f"scheduled by Gantry on partition train, h200 GPUs, stack {STACK}" in why
+    audit = AuditEvent.objects.filter(action="suspect_node.sdc").first()
+    assert audit is not None and audit.details["stack_fingerprint"] == STACK
+    assert audit.details["gpu_model"] == "h200" and audit.details["partition"] == "train"
+
+
+def test_a_recovery_drill_and_a_policy_drill_are_both_gantrys(
+    cluster: Cluster, researcher: Any
+) -> None:
+    checkpoint = _checkpoint(_job(cluster, researcher))
+    _failed_drill(checkpoint, "gpu-b-[01-02]", trigger=RestoreDrill.Trigger.RECOVERY)
+    _drill(checkpoint, "gpu-b-[02-03]", trigger=RestoreDrill.Trigger.POLICY_FINAL)
+    assert _record(cluster) == 1 and _suspected() == {"gpu-b-01"}

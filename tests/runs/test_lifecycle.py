@@ -23,6 +23,7 @@ from runs.lifecycle import (
 from runs.rundir import RunDirectory
 from slurm import commands as slurm_commands
 from slurm.client import TagLookup
+from slurm.errors import SlurmCommandError
 from slurm.parsers import SlurmJob
 
 pytestmark = pytest.mark.django_db
@@ -262,3 +263,38 @@ def test_only_drills_finish_early_and_keep_the_watcher_close() -> None:
 
     assert DRILLS.FINISH_FROM_EXIT_RECORD and DRILLS.LATENCY_SENSITIVE
     assert not JOBS.FINISH_FROM_EXIT_RECORD and not JOBS.LATENCY_SENSITIVE
+
+
+@dataclass
+class FailingLogin:
+    """An account whose login fails (its ``~/.ssh/rc`` floods or exits): nothing listed."""
+
+    config: Any = field(default_factory=lambda: type("Config", (), {"user": "flooded"})())
+
+    def exec_shell(self, script: str, **_: Any) -> Any:
+        raise SlurmCommandError("login printed garbage", argv=["sh"], rc=1)
+
+
+def test_without_accounting_an_unlisted_directory_never_makes_a_job_lost(settings: Any) -> None:
+    settings.JOB_LOST_AFTER_SECONDS = 60
+    cluster = ClusterFactory(accounting_available=False)
+    unlisted = _running("90", cluster=cluster, run_as="flooded")
+    listed = _running("91", cluster=cluster, run_as="tidy")
+    jobs = list(Job.objects.select_related("cluster").filter(id__in=[unlisted.id, listed.id]))
+    transports = {
+        "flooded": FailingLogin(),
+        "tidy": ListingTransport({JOBS.run_directory(listed): ""}),
+    }
+    views = slurm_views(
+        ViewsClient(queue={}, accounted={}),  # type: ignore[arg-type]
+        None,  # type: ignore[arg-type]
+        [(job, JOBS.run_directory(job)) for job in jobs],
+        accounting=ACCOUNTING_NONE,
+        owner_of=lambda job: transports[job.run_as],  # type: ignore[arg-type,return-value]
+    )
+    assert views.unlisted == {"90"} and any("garbage" in error for error in views.errors)
+    JOBS.apply_views(jobs, views, now=timezone.now(), errors=[])
+    # Listed with no exit record, gone from squeue past the grace: lost. Its directory
+    # unknown this cycle: still running, waiting for a cycle that can list it.
+    assert Job.objects.get(id=listed.id).state == "lost"
+    assert Job.objects.get(id=unlisted.id).state == "running"

@@ -10,95 +10,34 @@ Needs root (to own files as other accounts and to run the program as ``nobody``)
 from __future__ import annotations
 
 import os
-import pwd
 import shutil
 import subprocess
 import tempfile
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+from reader_support import (
+    OTHER,
+    OWNER,
+    PYTHON,
+    SERVICE,
+    AsService,
+    Result,
+    grant,
+    own,
+    tree,
+    usable,
+)
 
 from runs.rundir import list_run_directories, parse_entry
 from runs.rundir_batch import BatchReader, FileRequest, Target
 from runs.runtime import service_read_grant
-from slurm.errors import SlurmCommandError
-
-OWNER, OTHER, SERVICE = "daemon", "bin", "nobody"
-PYTHON = "/usr/bin/python3"
-
-
-def _usable() -> bool:
-    try:
-        for name in (OWNER, OTHER, SERVICE):
-            pwd.getpwnam(name)
-    except KeyError:
-        return False
-    return (
-        os.geteuid() == 0
-        and shutil.which("setfacl") is not None
-        and shutil.which("runuser") is not None
-        and os.access(PYTHON, os.X_OK)
-    )
-
 
 pytestmark = pytest.mark.skipif(
-    not _usable(), reason="needs root, setfacl, runuser and the accounts daemon, bin, nobody"
+    not usable(), reason="needs root, setfacl, runuser and the accounts daemon, bin, nobody"
 )
-
-
-@dataclass
-class _Result:
-    rc: int
-    stdout: str
-    stderr: str
-
-
-class AsService:
-    """A transport whose ``exec`` runs the argv here, as the service account."""
-
-    def __init__(self) -> None:
-        self.commands = 0
-
-    def exec(
-        self,
-        argv: Sequence[str],
-        *,
-        stdin: bytes | None = None,
-        timeout: float | None = None,
-        check: bool = True,
-    ) -> _Result:
-        self.commands += 1
-        done = subprocess.run(
-            ["runuser", "-u", SERVICE, "--", *argv], input=stdin, capture_output=True, timeout=30
-        )
-        if check and done.returncode != 0:
-            raise SlurmCommandError("failed", argv=list(argv), rc=done.returncode)
-        return _Result(done.returncode, done.stdout.decode(), done.stderr.decode())
-
-
-def _own(path: Path, account: str) -> None:
-    entry = pwd.getpwnam(account)
-    os.chown(path, entry.pw_uid, entry.pw_gid, follow_symlinks=False)
-
-
-def _tree(top: Path, account: str, files: dict[str, bytes]) -> Path:
-    """``top/users/<account>/runs/...`` with ``files``, all the account's, 0700 area."""
-    area = top / "users" / account
-    for name, data in files.items():
-        path = area / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(data)
-    for path in [area, *area.rglob("*")]:
-        _own(path, account)
-    area.chmod(0o700)
-    return area
-
-
-def _grant(area: Path) -> None:
-    subprocess.run(["setfacl", "-R", "-m", f"u:{SERVICE}:rX", str(area)], check=True)
 
 
 @pytest.fixture
@@ -130,7 +69,7 @@ MANIFEST = b'{"files": [], "step": 10}'
 
 
 def test_an_honest_directory_is_listed_and_read_exactly(top: Path) -> None:
-    area = _tree(
+    area = tree(
         top,
         OWNER,
         {
@@ -142,7 +81,7 @@ def test_an_honest_directory_is_listed_and_read_exactly(top: Path) -> None:
             "runs/j1/checkpoints/step-000020/rank-0.pt": b"no manifest yet",
         },
     )
-    _grant(area)
+    grant(area)
     transport = AsService()
     reader = _reader(transport, top)
     target = _target(reader, top, OWNER, "j1")
@@ -169,8 +108,8 @@ def test_an_honest_directory_is_listed_and_read_exactly(top: Path) -> None:
 
 
 def test_links_other_owners_and_odd_files_are_never_read(top: Path) -> None:
-    other = _tree(top, OTHER, {"runs/b1/metrics.jsonl": b"secret of bin\n"})
-    area = _tree(
+    other = tree(top, OTHER, {"runs/b1/metrics.jsonl": b"secret of bin\n"})
+    area = tree(
         top,
         OWNER,
         {
@@ -185,19 +124,19 @@ def test_links_other_owners_and_odd_files_are_never_read(top: Path) -> None:
     # FIFO, a hard-linked own file, a manifest whose step directory is a file.
     (j1 / "metrics.jsonl").symlink_to(other / "runs" / "b1" / "metrics.jsonl")
     os.link(other / "runs" / "b1" / "metrics.jsonl", j1 / "stolen.jsonl")
-    _own(j1 / "acceptance.json", OTHER)
+    own(j1 / "acceptance.json", OTHER)
     os.mkfifo(j1 / "gantry-exit-43.json")
     os.link(j1 / "own.jsonl", j1 / "twice.jsonl")
     (j1 / "checkpoints").mkdir()
     (j1 / "checkpoints" / "step-000030").write_bytes(b"a file, not a directory")
     # A symlinked directory (to bin's run directory) and a directory bin owns.
     (area / "runs" / "j2").symlink_to(other / "runs" / "b1")
-    _own(area / "runs" / "j3", OTHER)
+    own(area / "runs" / "j3", OTHER)
     for path in [j1, *j1.iterdir(), area / "runs" / "j2"]:
         if path.name not in ("acceptance.json", "stolen.jsonl"):
-            _own(path, OWNER)
-    _grant(area)
-    _grant(other)
+            own(path, OWNER)
+    grant(area)
+    grant(other)
     reader = _reader(AsService(), top)
     targets = [_target(reader, top, OWNER, job) for job in ("j1", "j2", "j3")]
     names = ["metrics.jsonl", "stolen.jsonl", "acceptance.json", "twice.jsonl"]
@@ -221,8 +160,8 @@ def test_links_other_owners_and_odd_files_are_never_read(top: Path) -> None:
 
 
 def test_a_directory_replaced_by_a_file_is_refused(top: Path) -> None:
-    area = _tree(top, OWNER, {"runs/j1": b"not a directory"})
-    _grant(area)
+    area = tree(top, OWNER, {"runs/j1": b"not a directory"})
+    grant(area)
     reader = _reader(AsService(), top)
     target = _target(reader, top, OWNER, "j1")
     answer = reader.list_dirs([target])[target.directory]
@@ -230,7 +169,7 @@ def test_a_directory_replaced_by_a_file_is_refused(top: Path) -> None:
 
 
 def test_without_the_grant_the_directory_is_denied_and_absent_is_absent(top: Path) -> None:
-    _tree(top, OWNER, {"runs/j1/metrics.jsonl": METRICS})
+    tree(top, OWNER, {"runs/j1/metrics.jsonl": METRICS})
     reader = _reader(AsService(), top)
     present = _target(reader, top, OWNER, "j1")
     answer = reader.list_dirs([present])[present.directory]
@@ -241,8 +180,8 @@ def test_without_the_grant_the_directory_is_denied_and_absent_is_absent(top: Pat
 
 def test_what_does_not_fit_the_budget_comes_in_the_next_command(top: Path) -> None:
     files = {f"runs/j{i}/metrics.jsonl": METRICS for i in range(6)}
-    area = _tree(top, OWNER, files)
-    _grant(area)
+    area = tree(top, OWNER, files)
+    grant(area)
     transport = AsService()
     reader = _reader(transport, top, budget=4096)
     targets = [_target(reader, top, OWNER, f"j{i}") for i in range(6)]
@@ -260,20 +199,20 @@ class AsOwner:
     """The owner's own login: the shell listing (``runs.rundir.list_run_directories``) and
     the grant (``runs.runtime.service_read_grant``)."""
 
-    def exec(self, argv: Sequence[str], **_: Any) -> _Result:
+    def exec(self, argv: Sequence[str], **_: Any) -> Result:
         done = subprocess.run(["runuser", "-u", OWNER, "--", *argv], capture_output=True)
-        return _Result(done.returncode, done.stdout.decode(), done.stderr.decode())
+        return Result(done.returncode, done.stdout.decode(), done.stderr.decode())
 
-    def exec_shell(self, script: str, **_: Any) -> _Result:
+    def exec_shell(self, script: str, **_: Any) -> Result:
         done = subprocess.run(
             ["runuser", "-u", OWNER, "--", "bash", "-c", script], capture_output=True, timeout=30
         )
-        return _Result(done.returncode, done.stdout.decode(), done.stderr.decode())
+        return Result(done.returncode, done.stdout.decode(), done.stderr.decode())
 
 
 def test_the_batch_lists_what_the_owners_own_listing_lists(top: Path) -> None:
     beat = b'{"rank": %d, "node": "n%d", "pid": 7, "step": 12, "time": 1.5}\n'
-    area = _tree(
+    area = tree(
         top,
         OWNER,
         {
@@ -288,7 +227,7 @@ def test_the_batch_lists_what_the_owners_own_listing_lists(top: Path) -> None:
             "runs/j1/ranks/rank-1.beat": beat % (1, 2),
         },
     )
-    _grant(area)
+    grant(area)
     reader = _reader(AsService(), top)
     target = _target(reader, top, OWNER, "j1")
     entries = reader.list_dirs([target])[target.directory].entries
@@ -308,7 +247,7 @@ def test_the_grant_holds_for_what_gantry_and_the_trainer_make_later(top: Path) -
     account reads nothing."""
     area = top / "users" / OWNER
     area.mkdir()
-    _own(area, OWNER)
+    own(area, OWNER)
     owner = AsOwner()
     assert owner.exec(["chmod", "0700", str(area)]).rc == 0
     assert service_read_grant(owner, area=str(area), service_account=SERVICE)

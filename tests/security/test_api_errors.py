@@ -152,7 +152,8 @@ def test_bad_and_missing_credentials(world: Any, security_figures: Any) -> None:
         ("post", "/api/v1/clusters/{cluster}/probe/", None),
         ("post", "/api/v1/nodes/{node}/drain/", {"reason": "maintenance"}),
         ("post", "/api/v1/nodes/{node}/resume/", None),
-        ("get", "/api/v1/jobs/{job}/logs/", None),
+        # (The job's log tail is no longer here: it is read by a worker, never in the
+        # request; tests/jobs/test_log_tail.py.)
     ],
 )
 def test_unreachable_cluster_is_502_or_503_in_shape(

@@ -188,6 +188,7 @@ EXPECTED: dict[str, tuple[str, bool, dict[str, Any] | None, dict[str, str]]] = {
     "api:drill-detail": ("get", True, None, OWNED_API),
     "api:drill-cancel": ("post", True, {}, OWNED_API),
     "api:drill-policy": ("get", False, None, ROLE_API),
+    "api:drill-budget": ("get", False, None, ROLE_API),
     "api:incident-list": ("get", False, None, ROLE_API),
     "api:recovery-policy": ("get", False, None, ROLE_API),
     "api:suspect-node-list": ("get", False, None, OPERATOR_API),
@@ -209,6 +210,7 @@ EXPECTED: dict[str, tuple[str, bool, dict[str, Any] | None, dict[str, str]]] = {
 # The drill policy is readable by every role but changed by operators only.
 EXTRA_CELLS = [
     ("api:drill-policy", "put", False, {"max_in_flight": 1}, OPERATOR_API),
+    ("api:drill-budget", "put", False, {"max_active_drills": 2}, OPERATOR_API),
     ("api:recovery-policy", "put", False, {"max_attempts": 2}, OPERATOR_API),
     ("api:health-source", "put", False, {"interval_seconds": 60}, OPERATOR_API),
 ]

@@ -138,7 +138,8 @@ def test_private_key_never_shown(
         f"/api/v1/clusters/{cluster.pk}/user-ca/create/",
     ):
         seen.append((url, api.post(url).content.decode(errors="replace")))
-    for url in (f"/api/v1/jobs/{as_alice.pk}/logs/",):
+    # The log tail reads nothing here; the whole output is read as alice, signed for her.
+    for url in (f"/api/v1/jobs/{as_alice.pk}/logs/", f"/api/v1/jobs/{as_alice.pk}/output/"):
         seen.append((url, api.get(url).content.decode(errors="replace")))
     assert "signed a 600 s certificate for alice@" in caplog.text
 
@@ -210,8 +211,9 @@ def test_the_web_role_never_opens_the_ca_key(
 ) -> None:
     """With ``GANTRY_CA_KEY_ACCESS=signer`` (the web processes), every request that acts as
     a researcher's account gets its certificate from the signer, and this process never
-    opens the CA key file: the log tail, the whole output, the rank files, cancel. (The
-    cluster does not listen: each request fails after its certificate was signed.)"""
+    opens the CA key file: the whole output and the rank files. (The cluster does not
+    listen: each request fails after its certificate was signed.) The log tail and cancel
+    run no command in the request at all: answered from, and recorded in, the database."""
     from signer_support import in_process_round_trip, watching_opens
 
     from factories import JobFactory, map_personas
@@ -245,6 +247,8 @@ def test_the_web_role_never_opens_the_ca_key(
             "cancel": api.post(f"{base}/cancel/"),
         }
     close_all()
+    assert answers.pop("cancel").status_code == 202
+    assert answers.pop("logs").json()["reading"] is True
     # Each got as far as connecting (refused: a passing error), with a certificate.
     for what, response in answers.items():
         body = response.content.decode(errors="replace")
