@@ -27,13 +27,12 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.contrib.auth import get_user_model
-from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import transaction
 from django.db.models import Count, Sum
 
-from core.audit import AuditAction, audit_event_record
+from core.audit import AuditAction
+from core.cluster_settings import cluster_settings_update
 from core.errors import FieldError
-from core.roles import is_operator
 from core.types import User
 from drills.models import DrillBudget, RestoreDrill, drill_gpu_hours
 from jobs.models import Job
@@ -159,28 +158,13 @@ def drill_partition_check(*, job: Job, partition: str) -> None:
 def drill_budget_update(*, actor: User, cluster: Cluster, **values: Any) -> DrillBudget:
     """Change a cluster's drill budget (operators only); validated and audited with the
     values before and after. Refused with the field and why."""
-    if not is_operator(actor):
-        raise PermissionDenied("Only operators may change drill budgets.")
-    unknown = sorted(set(values) - set(BUDGET_FIELDS))
-    if unknown:
-        raise FieldError(unknown[0], "not a field of the drill budget")
-    with transaction.atomic():
-        budget, _ = DrillBudget.objects.select_for_update().get_or_create(cluster=cluster)
-        before = {key: getattr(budget, key) for key in BUDGET_FIELDS}
-        for key, value in values.items():
-            setattr(budget, key, value)
-        budget.updated_by = actor
-        try:
-            budget.full_clean()
-        except ValidationError as error:
-            field_name, messages = next(iter(error.message_dict.items()))
-            raise FieldError(field_name, " ".join(messages)) from None
-        budget.save()
-        after = {key: getattr(budget, key) for key in BUDGET_FIELDS}
-        audit_event_record(
-            actor=actor,
-            action=AuditAction.DRILL_BUDGET_UPDATE,
-            target=budget,
-            details={"cluster": cluster.name, "before": before, "after": after},
-        )
-    return budget
+    return cluster_settings_update(
+        actor=actor,
+        model=DrillBudget,
+        cluster=cluster,
+        fields=BUDGET_FIELDS,
+        values=values,
+        action=AuditAction.DRILL_BUDGET_UPDATE,
+        what="drill budgets",
+        details={"cluster": cluster.name},
+    )

@@ -6,13 +6,11 @@ import logging
 from datetime import timedelta
 from typing import Any
 
-from django.core.exceptions import PermissionDenied, ValidationError
-from django.db import transaction
 from django.utils import timezone
 
-from core.audit import AuditAction, audit_event_record
-from core.errors import ApplicationError, FieldError
-from core.roles import is_operator
+from core.audit import AuditAction
+from core.cluster_settings import cluster_settings_update
+from core.errors import ApplicationError
 from core.types import User
 from drills.models import DrillPolicy, RestoreDrill
 from drills.services import restore_drill_start
@@ -30,35 +28,27 @@ POLICY_FIELDS = (
 )
 
 
+def _final_since(policy: DrillPolicy) -> None:
+    """When drilling final checkpoints was (last) turned on: only checkpoints from then on."""
+    if policy.enabled and policy.drill_final_checkpoint and policy.final_since is None:
+        policy.final_since = timezone.now()
+    if not (policy.enabled and policy.drill_final_checkpoint):
+        policy.final_since = None
+
+
 def drill_policy_update(*, actor: User, cluster: Cluster, **values: Any) -> DrillPolicy:
     """Change a cluster's drill policy (operators only); validated and audited with the
     values before and after. Refused with the field and why."""
-    if not is_operator(actor):
-        raise PermissionDenied("Only operators may change drill policies.")
-    with transaction.atomic():
-        policy, _ = DrillPolicy.objects.get_or_create(cluster=cluster)
-        before = {key: getattr(policy, key) for key in POLICY_FIELDS}
-        for key, value in values.items():
-            setattr(policy, key, value)
-        if policy.enabled and policy.drill_final_checkpoint and policy.final_since is None:
-            policy.final_since = timezone.now()
-        if not (policy.enabled and policy.drill_final_checkpoint):
-            policy.final_since = None
-        policy.updated_by = actor
-        try:
-            policy.full_clean()
-        except ValidationError as error:
-            field_name, messages = next(iter(error.message_dict.items()))
-            raise FieldError(field_name, " ".join(messages)) from None
-        policy.save()
-        after = {key: getattr(policy, key) for key in before}
-        audit_event_record(
-            actor=actor,
-            action=AuditAction.DRILL_POLICY_UPDATE,
-            target=policy,
-            details={"before": before, "after": after},
-        )
-    return policy
+    return cluster_settings_update(
+        actor=actor,
+        model=DrillPolicy,
+        cluster=cluster,
+        fields=POLICY_FIELDS,
+        values=values,
+        action=AuditAction.DRILL_POLICY_UPDATE,
+        what="drill policies",
+        prepare=_final_since,
+    )
 
 
 def drill_policies_apply() -> int:

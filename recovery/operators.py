@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.exceptions import PermissionDenied, ValidationError
+from django.core.exceptions import PermissionDenied
 from django.db import transaction
 from django.utils import timezone
 
 from core.audit import AuditAction, audit_event_record
-from core.errors import FieldError
+from core.cluster_settings import cluster_settings_update
 from core.roles import is_operator
 from core.types import User
 from nodes.models import Cluster, Node
@@ -32,30 +32,15 @@ POLICY_FIELDS = (
 def recovery_policy_update(*, actor: User, cluster: Cluster, **values: Any) -> RecoveryPolicy:
     """Change a cluster's recovery policy (operators only), validated and audited with the
     values before and after."""
-    if not is_operator(actor):
-        raise PermissionDenied("Only operators may change recovery policies.")
-    unknown = sorted(set(values) - set(POLICY_FIELDS))
-    if unknown:
-        raise FieldError(unknown[0], "not a recovery policy setting")
-    with transaction.atomic():
-        policy, _ = RecoveryPolicy.objects.select_for_update().get_or_create(cluster=cluster)
-        before = {key: getattr(policy, key) for key in POLICY_FIELDS}
-        for key, value in values.items():
-            setattr(policy, key, value)
-        policy.updated_by = actor
-        try:
-            policy.full_clean()
-        except ValidationError as error:
-            name, messages = next(iter(error.message_dict.items()))
-            raise FieldError(name, " ".join(messages)) from None
-        policy.save()
-        audit_event_record(
-            actor=actor,
-            action=AuditAction.RECOVERY_POLICY_UPDATE,
-            target=policy,
-            details={"before": before, "after": {k: getattr(policy, k) for k in POLICY_FIELDS}},
-        )
-    return policy
+    return cluster_settings_update(
+        actor=actor,
+        model=RecoveryPolicy,
+        cluster=cluster,
+        fields=POLICY_FIELDS,
+        values=values,
+        action=AuditAction.RECOVERY_POLICY_UPDATE,
+        what="recovery policies",
+    )
 
 
 def suspect_node_clear(*, actor: User, node: Node, why: str = "") -> int:

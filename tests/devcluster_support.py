@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sshd_support import listener_stop
+
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "scripts" / "devcluster"
 
@@ -272,16 +274,7 @@ class LoginNode:
 
     def sshd_stop(self) -> None:
         """Like a login node going away: the listener stops and its sessions are cut."""
-        if self.process is None or self.process.poll() is not None:
-            return
-        sessions = subprocess.run(
-            ["pgrep", "-P", str(self.process.pid)], capture_output=True, text=True, check=False
-        ).stdout.split()
-        self.process.terminate()
-        self.process.wait(timeout=10)
-        for session in sessions:
-            with contextlib.suppress(ProcessLookupError, ValueError):
-                os.kill(int(session), 15)
+        listener_stop(self.process)
 
     @contextlib.contextmanager
     def shim(self, name: str, script: str) -> Iterator[Path]:

@@ -35,6 +35,21 @@ def available() -> str:
     return ""
 
 
+def listener_stop(process: subprocess.Popen[bytes] | None) -> None:
+    """Stop an sshd listener this test started and the sessions it forked (its own
+    children only): like a login node going away."""
+    if process is None or process.poll() is not None:
+        return
+    sessions = subprocess.run(
+        ["pgrep", "-P", str(process.pid)], capture_output=True, text=True, check=False
+    ).stdout.split()
+    process.terminate()
+    process.wait(timeout=10)
+    for session in sessions:
+        with contextlib.suppress(ProcessLookupError, ValueError):
+            os.kill(int(session), 15)
+
+
 def _free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -136,13 +151,4 @@ class PrivateSshd:
 
     def close(self) -> None:
         """Stop the listener and the sessions it forked (its own children only)."""
-        if self.process is None or self.process.poll() is not None:
-            return
-        sessions = subprocess.run(
-            ["pgrep", "-P", str(self.process.pid)], capture_output=True, text=True, check=False
-        ).stdout.split()
-        self.process.terminate()
-        self.process.wait(timeout=10)
-        for session in sessions:
-            with contextlib.suppress(ProcessLookupError, ValueError):
-                os.kill(int(session), 15)
+        listener_stop(self.process)

@@ -22,7 +22,6 @@ from django.db.models import F
 from django.utils import timezone
 
 from controlplane.tasknames import SLURM_REQUEST_CARRY_OUT, task_send
-from core.errors import ConflictError
 from nodes.models import Cluster
 from nodes.services import cluster_reconcile_soon
 from runs.lifecycle.kind import Tracked, lifecycle_of
@@ -99,18 +98,9 @@ class Requesting(Submission[Tracked]):
         lands later with its tag is cancelled by the submit path or the watcher); for one
         Slurm has, the request is recorded and a worker sends ``scancel`` as its account.
         ``audit(obj)`` is called in the transaction that records the change."""
-        for _ in range(3):
-            obj.refresh_from_db()
-            if self.is_final(obj):
-                return f"already {obj.state}"
-            if obj.slurm_job_id:
-                break
-            if self.cancel_before_slurm(obj, by=by, audit=audit):
-                return "cancelled"
-        if not obj.slurm_job_id:
-            raise ConflictError(
-                f"The {self.noun} is being submitted right now; try again in a moment."
-            )
+        settled = self.cancel_settled_before_slurm(obj, by=by, audit=audit)
+        if settled is not None:
+            return settled
         with transaction.atomic():
             if self.request_open(obj, Action.CANCEL, by=by) is None:
                 return "cancel requested already"

@@ -297,6 +297,27 @@ class Submission(SlurmKind[Tracked]):
             audit(obj)
         return True
 
+    def cancel_settled_before_slurm(
+        self, obj: Tracked, *, by: str, audit: Callable[[Tracked], None]
+    ) -> str | None:
+        """What a cancel comes to before any command: "already <state>" for a final object,
+        "cancelled" for one that never reached Slurm (ended here, audited); None once Slurm
+        has its job (``obj.slurm_job_id`` set). An object being submitted right now is a
+        conflict: its sbatch may be on its way."""
+        for _ in range(3):
+            obj.refresh_from_db()
+            if self.is_final(obj):
+                return f"already {obj.state}"
+            if obj.slurm_job_id:
+                return None
+            if self.cancel_before_slurm(obj, by=by, audit=audit):
+                return "cancelled"
+        if not obj.slurm_job_id:
+            raise ConflictError(
+                f"The {self.noun} is being submitted right now; try again in a moment."
+            )
+        return None
+
     def cancel(self, obj: Tracked, *, by: str, audit: Callable[[Tracked], None]) -> str:
         """Cancel ``obj`` now, from a worker (recovery, acceptance): ``scancel`` runs in the
         caller as the object's account. A person's cancel is a request instead
@@ -304,18 +325,9 @@ class Submission(SlurmKind[Tracked]):
         ``audit(obj)`` is called in the same transaction as the change it records. Accepts
         any state; a final object is left as it is. An object without a Slurm job ends at
         once (a Slurm job that lands later with its tag is cancelled by the watcher)."""
-        for _ in range(3):
-            obj.refresh_from_db()
-            if self.is_final(obj):
-                return f"already {obj.state}"
-            if obj.slurm_job_id:
-                break
-            if self.cancel_before_slurm(obj, by=by, audit=audit):
-                return "cancelled"
-        if not obj.slurm_job_id:
-            raise ConflictError(
-                f"The {self.noun} is being submitted right now; try again in a moment."
-            )
+        settled = self.cancel_settled_before_slurm(obj, by=by, audit=audit)
+        if settled is not None:
+            return settled
         try:
             # As the object's account, whoever asked: the audit event names the actor.
             self.client_of(obj).cancel(obj.slurm_job_id)
