@@ -64,11 +64,15 @@ def test_login_shows_navigation_and_every_page_opens(
         ("Acceptance", "Acceptance"),
         ("Studies", "Scaling studies"),
     ]:
+        # A click starts the navigation; the checks below wait for the new page (under load
+        # the old page's heading can still be there when the click returns).
         page.click(f"nav.mainnav >> text={label}")
+        page.wait_for_selector(f"nav.mainnav a[aria-current=page]:text-is('{label}')")
         assert page.locator("h1").first.inner_text().startswith(heading)
         assert page.locator("nav.mainnav a[aria-current=page]").inner_text() == label
 
     page.click("nav.mainnav >> text=Topology")
+    page.wait_for_selector("nav.mainnav a[aria-current=page]:text-is('Topology')")
     assert page.locator("[data-switch=leaf1] [data-node=n1] .gpu-allocated").count() == 1
 
     page.click("text=Log out")

@@ -248,7 +248,12 @@ def test_an_extra_slurm_job_with_a_taken_tag_is_cancelled(
     cancelled = wait_all(
         lambda: JobEvent.objects.filter(job_id=job_id, kind="duplicate").exists(), timeout=60
     )
-    extra_state = devcluster.slurm(["sacct", "-n", "-X", "-P", "-j", extra, "-o", "State"]).stdout
+    # slurmdbd records the cancel a moment after scancel returns: read until it has.
+    def extra_state_now() -> str:
+        return devcluster.slurm(["sacct", "-n", "-X", "-P", "-j", extra, "-o", "State"]).stdout
+
+    wait_all(lambda: "CANCELLED" in extra_state_now(), timeout=30)
+    extra_state = extra_state_now()
     devcluster.slurm(["scancel", job.slurm_job_id], check=False)
     assert wait_all(lambda: Job.objects.get(id=job_id).files_final, timeout=60)
     row = fault_report.row("extra Slurm job with a taken tag")
