@@ -22,6 +22,7 @@ from drills.models import DrillBudget, DrillPolicy, RestoreDrill
 from drills.policies import drill_policy_update
 from drills.selectors import checkpoint_proofs, drill_get_for_user, drill_list
 from drills.services import checkpoint_verify_request, restore_drill_cancel, restore_drill_start
+from jobs import checkpoint_state
 from jobs.models import Checkpoint
 from jobs.selectors import checkpoint_get_for_user
 from nodes.models import Cluster
@@ -53,6 +54,9 @@ class DrillSerializer(serializers.ModelSerializer):
             "trainer",
             "trainer_digest",
             "steps",
+            # replay (a full drill) or state_exact (state-exact, no replay: the run logged
+            # too few steps after the checkpoint to replay them all).
+            "level",
             "replay_to_step",
             "reference_digest",
             "allocation",
@@ -86,6 +90,9 @@ class CheckpointDetailSerializer(serializers.ModelSerializer):
     last_drill = serializers.SerializerMethodField()
     fingerprint = serializers.SerializerMethodField()
     proven_by = serializers.SerializerMethodField()
+    proof_level = serializers.SerializerMethodField(
+        help_text='"replay" (a full drill passed), "state_exact" (state-exact, no replay) or "".'
+    )
     strategy = serializers.SerializerMethodField()
     shards_per_rank = serializers.SerializerMethodField()
 
@@ -108,6 +115,8 @@ class CheckpointDetailSerializer(serializers.ModelSerializer):
             "saved_at",
             "registered_at",
             "last_proven_at",
+            "state_proven_at",
+            "proof_level",
             "deleted_at",
             "last_drill",
             "fingerprint",
@@ -115,6 +124,9 @@ class CheckpointDetailSerializer(serializers.ModelSerializer):
             "strategy",
             "shards_per_rank",
         ]
+
+    def get_proof_level(self, checkpoint: Checkpoint) -> str:
+        return checkpoint_state.proof_level(checkpoint)
 
     def get_strategy(self, checkpoint: Checkpoint) -> str:
         """ddp or fsdp (a checkpoint of format 2 is DDP)."""

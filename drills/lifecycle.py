@@ -83,6 +83,8 @@ def drill_script_spec(drill: RestoreDrill, *, trainer_path: str) -> ScriptSpec:
         time_limit_minutes=drill.time_limit_minutes,
         nodelist="",
         switches="",
+        # Recovery's proving drill leaves out the incident's suspects.
+        exclude=str(allocation.get("exclude") or ""),
         trainer_args=(
             "drill",
             "--checkpoint",
@@ -252,7 +254,14 @@ class DrillLifecycle(SlurmLifecycle[RestoreDrill]):
             if not self.transition(drill, RestoreDrill.State.FINISHED, **values):
                 return False
             if verdict.proves and drill.is_attested:
-                checkpoint_state.checkpoint_proof_record(checkpoint_id=drill.checkpoint_id, now=now)
+                if drill.level == RestoreDrill.Level.STATE_EXACT:
+                    checkpoint_state.checkpoint_state_proof_record(
+                        checkpoint_id=drill.checkpoint_id, now=now
+                    )
+                else:
+                    checkpoint_state.checkpoint_proof_record(
+                        checkpoint_id=drill.checkpoint_id, now=now
+                    )
             elif verdict.blocks_resume:
                 checkpoint_state.checkpoint_proof_void(
                     checkpoint_id=drill.checkpoint_id,

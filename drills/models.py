@@ -67,7 +67,18 @@ class RestoreDrill(SlurmTracked):
         on_delete=models.SET_NULL,
         related_name="restore_drills",
     )
-    steps = models.PositiveIntegerField(default=5, validators=[MinValueValidator(1)])
+
+    class Level(models.TextChoices):
+        # Replayed the steps a full drill asks for (to the next checkpoint, or the default).
+        REPLAY = "replay", "full (replayed and compared)"
+        # The run logged fewer steps after the checkpoint than a drill needs (it died right
+        # after saving): files against the manifest, the loaded state bit for bit against
+        # the saved fingerprint, and the steps there are to compare (zero or more).
+        STATE_EXACT = "state_exact", "state-exact, no replay"
+
+    # 0 only at the level state-exact (nothing logged after the checkpoint to replay).
+    steps = models.PositiveIntegerField(default=5, validators=[MinValueValidator(0)])
+    level = models.CharField(max_length=16, choices=Level.choices, default=Level.REPLAY)
     # The original run's next checkpoint, which the drill replays to and whose state it
     # compares (null: K steps, compared by loss only).
     replay_to_step = models.PositiveIntegerField(null=True, blank=True)

@@ -28,7 +28,7 @@ from drills.models import RestoreDrill
 from drills.reference import has_fingerprint, losses_logged, next_checkpoint_step
 from drills.verdicts import registration_mismatch
 from jobs import checkpoint_state
-from jobs.models import Checkpoint, Job, StateFingerprint
+from jobs.models import Checkpoint, Job, MetricPoint, StateFingerprint
 from jobs.validation import JobRequest, job_request_validate
 from nodes.access.cluster import transport_for
 from runs.runtime import trainer_ensure_uploaded
@@ -66,11 +66,12 @@ def allocation_gpus(allocation: dict[str, Any]) -> int:
 
 
 def allocation_key(allocation: dict[str, Any]) -> str:
+    exclude = allocation.get("exclude") or ""
     return (
         f"{allocation['partition']}:{allocation['nodes']}x{allocation['tasks_per_node']}"
         f":gpu{allocation['gpus_per_node']}{allocation['gpu_type'] or ''}"
         f":cpu{allocation['cpus_per_task']}"
-    )
+    ) + (f":x{exclude}" if exclude else "")
 
 
 def _check_allocation(job: Job, allocation: dict[str, Any]) -> None:
@@ -89,6 +90,7 @@ def _check_allocation(job: Job, allocation: dict[str, Any]) -> None:
         time_limit_minutes=drill_time_limit(job),
         nodelist="",
         switches="",
+        exclude=str(allocation.get("exclude") or ""),
     )
     try:
         job_request_validate(request)
@@ -105,6 +107,23 @@ def _check_reference(checkpoint: Checkpoint, steps: int) -> None:
             f"the original run logged {logged_after} step(s) after step {checkpoint.step}; "
             f"a drill compares against them, so at most {logged_after} can be checked",
         )
+
+
+def consecutive_losses_logged(checkpoint: Checkpoint, most: int) -> int:
+    """How many steps right after ``checkpoint`` (up to ``most``) the run logged a loss for,
+    without a gap: what a drill at the level state-exact can still replay and compare."""
+    logged = set(
+        MetricPoint.objects.filter(
+            job_id=checkpoint.job_id,
+            step__gt=checkpoint.step,
+            step__lte=checkpoint.step + most,
+            loss__isnull=False,
+        ).values_list("step", flat=True)
+    )
+    count = 0
+    while checkpoint.step + count + 1 in logged:
+        count += 1
+    return count
 
 
 def drill_plan(checkpoint: Checkpoint, steps: int | None, fallback: int) -> tuple[int, int | None]:
@@ -153,14 +172,31 @@ def _drill_shape(
     allocation: dict[str, Any] | None,
     trainer: str,
     fallback: int | None,
+    level: str = RestoreDrill.Level.REPLAY,
+    exclude: str = "",
 ) -> tuple[int, int | None, dict[str, Any], str]:
     """(steps, replay-to step, allocation, allocation key) of a drill of ``checkpoint``;
-    refused (FieldError) when it cannot be judged or the cluster cannot give it."""
+    refused (FieldError) when it cannot be judged or the cluster cannot give it. At the
+    level state-exact: the steps the run logged right after the checkpoint (zero or more,
+    at most what a full drill would replay), compared; the state at load, always."""
     _check_drillable(checkpoint, steps=steps, trainer=trainer)
-    steps, replay_to = drill_plan(checkpoint, steps, fallback or settings.DRILL_DEFAULT_STEPS)
+    if level == RestoreDrill.Level.STATE_EXACT:
+        wanted, _ = drill_plan(checkpoint, steps, fallback or settings.DRILL_DEFAULT_STEPS)
+        steps = consecutive_losses_logged(checkpoint, wanted)
+        end = checkpoint.step + steps
+        held = (
+            steps > 0
+            and StateFingerprint.objects.filter(job_id=checkpoint.job_id, step=end).exists()
+        )
+        replay_to = end if held else None
+    else:
+        steps, replay_to = drill_plan(checkpoint, steps, fallback or settings.DRILL_DEFAULT_STEPS)
     chosen = allocation_for(checkpoint.job, allocation)
+    if exclude:
+        chosen["exclude"] = exclude
     _check_allocation(checkpoint.job, chosen)
-    _check_reference(checkpoint, steps)
+    if level != RestoreDrill.Level.STATE_EXACT:
+        _check_reference(checkpoint, steps)
     key = allocation_key(chosen)
     if trainer == RestoreDrill.Trainer.CURRENT:
         key = f"{key}:trainer-current"
@@ -176,6 +212,8 @@ def restore_drill_start(
     trigger: str = RestoreDrill.Trigger.MANUAL,
     trainer: str = RestoreDrill.Trainer.RECORDED,
     fallback_steps: int | None = None,
+    level: str = RestoreDrill.Level.REPLAY,
+    exclude: str = "",
 ) -> RestoreDrill:
     """Create a drill and hand it to the submit task after commit.
 
@@ -190,13 +228,28 @@ def restore_drill_start(
     already being drilled. Runs as the cluster's verifier where it has a usable one (its
     pass is proof), else as the owner (self-attested: never proof); see
     ``drills.attestation``.
+
+    ``level`` ``state_exact`` (recovery's, for a checkpoint the failed run logged too few
+    steps after to replay): the steps there are, the state at load bit for bit; its pass is
+    recorded apart from a full one (``Checkpoint.state_proven_at``). ``exclude``: nodes the
+    drill's allocation leaves out (a node list; recovery's suspects).
     """
     job = checkpoint.job
     if actor is not None:
         require_can_act(actor, owner_id=job.owner_id, what="run drills on this job")
+    if level not in RestoreDrill.Level.values:
+        raise FieldError("level", f"one of {', '.join(RestoreDrill.Level.values)}")
     steps, replay_to, chosen, key = _drill_shape(
-        checkpoint, steps=steps, allocation=allocation, trainer=trainer, fallback=fallback_steps
+        checkpoint,
+        steps=steps,
+        allocation=allocation,
+        trainer=trainer,
+        fallback=fallback_steps,
+        level=level,
+        exclude=exclude,
     )
+    if level == RestoreDrill.Level.STATE_EXACT:
+        key = f"{key}:state-exact"
     drill_partition_check(job=job, partition=str(chosen["partition"]))
     conflict = ConflictError(
         f"A drill of step {checkpoint.step} on this allocation ({key}) is already running; "
@@ -211,6 +264,7 @@ def restore_drill_start(
         cluster=job.cluster,
         requested_by=actor,
         steps=steps,
+        level=level,
         replay_to_step=replay_to,
         trainer=trainer,
         allocation=chosen,
@@ -253,6 +307,7 @@ def _drill_create(drill: RestoreDrill, *, actor: Actor) -> None:
             "allocation": drill.allocation_key,
             "trigger": drill.trigger,
             "steps": drill.steps,
+            "level": drill.level,
             "replay_to_step": drill.replay_to_step,
             "trainer": drill.trainer,
             "gpus": drill.gpus,

@@ -80,6 +80,29 @@ def checkpoint_proof_record(*, checkpoint_id: int, now: datetime) -> int:
     )
 
 
+def checkpoint_state_proof_record(*, checkpoint_id: int, now: datetime) -> int:
+    """A verifier-attested drill at the level state-exact, no replay passed: every file held
+    to the registered manifest and the loaded state bit for bit to the saved fingerprint.
+    Recorded apart from ``last_proven_at`` (never blurred with a replayed pass); integrity
+    is OK."""
+    return Checkpoint.objects.filter(pk=checkpoint_id).update(
+        state_proven_at=now,
+        integrity=Checkpoint.Integrity.OK,
+        integrity_detail="",
+        integrity_checked_at=now,
+    )
+
+
+def proof_level(checkpoint: Checkpoint) -> str:
+    """What stands of the checkpoint's proof, in the words the panel and the API use:
+    ``replay`` (a full pass), ``state_exact`` (state-exact, no replay) or ``""`` (none)."""
+    if checkpoint.integrity == Checkpoint.Integrity.FAILED or checkpoint.deleted_at is not None:
+        return ""
+    if checkpoint.last_proven_at is not None:
+        return "replay"
+    return "state_exact" if checkpoint.state_proven_at is not None else ""
+
+
 def checkpoint_proof_void(*, checkpoint_id: int, detail: str, now: datetime) -> int:
     """A drill found the checkpoint at fault (whoever attested it): it is failed, and an
     earlier pass no longer stands."""
@@ -88,6 +111,7 @@ def checkpoint_proof_void(*, checkpoint_id: int, detail: str, now: datetime) -> 
         integrity_detail=detail[:2000],
         integrity_checked_at=now,
         last_proven_at=None,
+        state_proven_at=None,
     )
 
 

@@ -381,7 +381,13 @@ class Checkpoint(models.Model):
     integrity_report = models.JSONField(null=True, blank=True)
     saved_at = models.DateTimeField(null=True, blank=True)
     registered_at = models.DateTimeField(auto_now_add=True)
+    # A verifier-attested drill with replay passed (the full proof: ``checkpoint_state``).
     last_proven_at = models.DateTimeField(null=True, blank=True)
+    # A verifier-attested drill at the level "state-exact, no replay" passed: every file
+    # against the registered manifest and the loaded state bit for bit against the saved
+    # fingerprint, with fewer steps replayed than a full drill (the run logged fewer after
+    # it). Never counted as ``last_proven_at``; recovery's policy says when it is enough.
+    state_proven_at = models.DateTimeField(null=True, blank=True)
     deleted_at = models.DateTimeField(
         null=True, blank=True, help_text="When the trainer's retention removed it from the cluster."
     )

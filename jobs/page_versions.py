@@ -115,6 +115,7 @@ JOB_PAGE_SHOWS: tuple[Shown, ...] = (
             "integrity",
             "integrity_detail",
             "last_proven_at",
+            "state_proven_at",
             "deleted_at",
             "saved_at",
             "manifest__strategy",

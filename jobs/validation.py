@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from core.errors import FieldError
 from jobs.recovery_settings import recovery_overrides_validate
@@ -225,13 +225,41 @@ def _check_placement_options(
         _check_exclude(request, partition, candidates)
 
 
+class PerNodeAsk(Protocol):
+    """What a request (or a job) asks of each node."""
+
+    @property
+    def gpu_type(self) -> str: ...
+    @property
+    def gpus_per_node(self) -> int: ...
+    @property
+    def cpus_per_task(self) -> int: ...
+    @property
+    def tasks_per_node(self) -> int: ...
+    @property
+    def memory_mb(self) -> int | None: ...
+
+
+def node_fits(request: PerNodeAsk, node: Node) -> bool:
+    """Whether one node of the request's partition has what the request asks per node:
+    its GPUs (of the type), its tasks' CPUs, its memory."""
+    gpus = [g for g in node.gpus.all() if not request.gpu_type or g.gpu_type == request.gpu_type]
+    return (
+        len(gpus) >= request.gpus_per_node
+        and node.cpus_total >= request.cpus_per_task * request.tasks_per_node
+        and (request.memory_mb is None or not node.memory_mb or node.memory_mb >= request.memory_mb)
+    )
+
+
 def _check_exclude(request: JobRequest, partition: Partition, candidates: list[Node]) -> None:
     try:
         left_out = set(expand(request.exclude))
         slurm_commands.check_hostlist(request.exclude)
     except ValueError as error:
         raise FieldError("exclude", f"not a node list expression: {error}") from None
-    remaining = [node for node in candidates if node.name not in left_out]
+    remaining = [
+        node for node in candidates if node.name not in left_out and node_fits(request, node)
+    ]
     if len(remaining) < request.nodes:
         raise FieldError(
             "exclude",

@@ -246,7 +246,9 @@ def _json_safe(value: Any) -> Any:
 def incidents(*, since: datetime) -> list[EventDraft]:
     """Incidents opened or closed since ``since``: one event for each, per incident."""
     rows = (
-        Incident.objects.filter(Q(detected_at__gt=since) | Q(closed_at__gt=since))
+        Incident.objects.filter(
+            Q(detected_at__gt=since) | Q(closed_at__gt=since) | Q(deadline_passed_at__gt=since)
+        )
         .select_related("job", "cluster", "resumed_from")
         .order_by("detected_at", "id")
     )
@@ -264,6 +266,8 @@ def incidents(*, since: datetime) -> list[EventDraft]:
                 "resumed_from_step": incident.resumed_from.step if incident.resumed_from else None,
                 "resumed_job": str(incident.resumed_job_id) if incident.resumed_job_id else None,
                 "excluded_nodes": incident.excluded_nodes,
+                "resumed_proof": incident.resumed_proof,
+                "steps": incident.steps,
                 "lost_steps": incident.lost_steps,
                 "job": {"id": str(job.id), "name": job.name},
                 "cluster": incident.cluster.name,
@@ -279,6 +283,24 @@ def incidents(*, since: datetime) -> list[EventDraft]:
                     title=f"job {job.name}: {incident.get_signal_display()}: {incident.detail}"[
                         :200
                     ],
+                    cluster_id=incident.cluster_id,
+                    owner_id=job.owner_id,
+                    data=data,
+                )
+            )
+        passed = incident.deadline_passed_at
+        if passed is not None and passed > since:
+            late: dict[str, Any] = next(
+                (s for s in reversed(incident.steps or []) if "deadline" in s.get("outcome", "")),
+                {},
+            )
+            drafts.append(
+                EventDraft(
+                    source_key=f"incident:{incident.pk}:deadline:{passed.isoformat()}",
+                    kind=EventKind.INCIDENT_DEADLINE,
+                    occurred_at=passed,
+                    title=f"job {job.name}: recovery step {late.get('name', '?')}: "
+                    f"{late.get('outcome', 'deadline passed')}"[:200],
                     cluster_id=incident.cluster_id,
                     owner_id=job.owner_id,
                     data=data,

@@ -68,6 +68,8 @@ class EventKind(models.TextChoices):
     PROVEN_AGE_BREACH = "proven_age.breach"
     INCIDENT_OPENED = "incident.opened"
     INCIDENT_CLOSED = "incident.closed"
+    # A step of an incident passed its deadline: it moved on (older checkpoint, or held).
+    INCIDENT_DEADLINE = "incident.deadline"
     HEALTH_CHANGED = "health.changed"
     ACCEPTANCE_ENDED = "acceptance.ended"
     ACCEPTANCE_CONVICTED = "acceptance.convicted"
@@ -111,7 +113,8 @@ def subscription_wants(subscriber: Subscriber, event: Audience) -> bool:
     if event.kind == EventKind.JOB_ENDED:
         return Topic.JOB_ENDED in subscriber.topics and subscriber.user_id == event.owner_id
     if (
-        event.kind in (EventKind.INCIDENT_OPENED, EventKind.INCIDENT_CLOSED)
+        event.kind
+        in (EventKind.INCIDENT_OPENED, EventKind.INCIDENT_CLOSED, EventKind.INCIDENT_DEADLINE)
         and Topic.INCIDENT in subscriber.topics
         and subscriber.user_id == event.owner_id
     ):
@@ -130,5 +133,8 @@ def subscription_wants(subscriber: Subscriber, event: Audience) -> bool:
         return Topic.DRILL_FAILED in subscriber.topics and event.data.get("verdict") == "failed"
     if event.kind == EventKind.INCIDENT_CLOSED:
         return Topic.INCIDENT_HELD in subscriber.topics and event.data.get("outcome") == "held"
+    if event.kind == EventKind.INCIDENT_DEADLINE:
+        # A step that ran out of time is what operators asked to hear of held incidents for.
+        return Topic.INCIDENT_HELD in subscriber.topics
     operator_topic = _OPERATOR_TOPIC_OF_KIND.get(str(event.kind))
     return operator_topic is not None and operator_topic in subscriber.topics

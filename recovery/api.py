@@ -54,6 +54,9 @@ class IncidentSerializer(serializers.ModelSerializer):
             "resumed_from_step",
             "resumed_job",
             "resumed_at",
+            "resumed_proof",
+            "steps",
+            "deadline_passed_at",
             "skipped",
             "suspect_nodes",
             "excluded_nodes",
@@ -109,6 +112,10 @@ class RecoveryPolicySerializer(serializers.ModelSerializer):
             "hang_floor_seconds",
             "loss_spike_factor",
             "startup_grace_seconds",
+            "state_exact_resume",
+            "cancel_deadline_seconds",
+            "node_view_deadline_seconds",
+            "proving_start_deadline_seconds",
             "updated_at",
         ]
         read_only_fields = ["updated_at"]

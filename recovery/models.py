@@ -58,6 +58,32 @@ class RecoveryPolicy(models.Model):
         validators=[MinValueValidator(0.0)],
         help_text="0: off. A loss over this × the median of the recent losses, twice in a row.",
     )
+    # A checkpoint the failed run logged too few steps after for a drill to replay (it died
+    # right after saving) is proven at the level "state-exact, no replay"; on: that level
+    # is enough to resume from the failed run's newest checkpoint; off: a replay is required.
+    state_exact_resume = models.BooleanField(
+        default=True,
+        help_text="Resume from the failed run's newest checkpoint on a state-exact proof "
+        "(files and loaded state bit for bit, no replay). Off: require a replayed drill.",
+    )
+    # Every step of an incident has a deadline; when one passes the incident moves on (the
+    # next older proven checkpoint, or held with the reason) and people are told.
+    cancel_deadline_seconds = models.PositiveIntegerField(
+        default=300,
+        validators=[MinValueValidator(30)],
+        help_text="Slurm ends what is left of the job within this after the cancel, or held.",
+    )
+    node_view_deadline_seconds = models.PositiveIntegerField(
+        default=120,
+        validators=[MinValueValidator(10)],
+        help_text="Wait this long for a view of the nodes newer than a node failure.",
+    )
+    proving_start_deadline_seconds = models.PositiveIntegerField(
+        default=600,
+        validators=[MinValueValidator(30)],
+        help_text="A proving drill not running within this is cancelled; the next older "
+        "proven checkpoint is used (a running one is bounded by its time limit).",
+    )
     updated_at = models.DateTimeField(auto_now=True)
     updated_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
@@ -134,6 +160,14 @@ class Incident(models.Model):
     # Checkpoints skipped on the way (a drill failed them), as {step: why}.
     skipped = models.JSONField(default=dict, blank=True)
     proving_drill_id = models.UUIDField(null=True, blank=True)
+    # The proof the resume rested on: "replay" (a full drill) or "state_exact"
+    # (state-exact, no replay: the failed run logged too few steps after it to replay).
+    resumed_proof = models.CharField(max_length=16, blank=True)
+    # Each step (cancel, node view, proving a checkpoint, resume) with its start, deadline,
+    # end and outcome: [{"name", "started_at", "deadline_at", "ended_at", "outcome"}].
+    steps = models.JSONField(default=list, blank=True)
+    # When a step's deadline last passed (the notifications collector tells people).
+    deadline_passed_at = models.DateTimeField(null=True, blank=True)
     suspect_nodes = models.JSONField(default=list, blank=True)
     excluded_nodes = models.JSONField(default=list, blank=True)
     lost_steps = models.PositiveIntegerField(null=True, blank=True)
@@ -149,6 +183,7 @@ class Incident(models.Model):
             # The notifications collector reads incidents opened or closed since its last run.
             models.Index(fields=["detected_at"], name="incident_detected_at"),
             models.Index(fields=["closed_at"], name="incident_closed_at"),
+            models.Index(fields=["deadline_passed_at"], name="incident_deadline_passed"),
         ]
         constraints = [
             # One incident per failed attempt: a cycle that sees it again adds nothing.

@@ -26,6 +26,10 @@ POLICY_FIELDS = (
     "hang_floor_seconds",
     "loss_spike_factor",
     "startup_grace_seconds",
+    "state_exact_resume",
+    "cancel_deadline_seconds",
+    "node_view_deadline_seconds",
+    "proving_start_deadline_seconds",
 )
 
 

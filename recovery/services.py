@@ -43,6 +43,7 @@ from recovery.evidence import crash_suspects, hang_suspects, node_is_faulty
 from recovery.incidents import incident_move, job_recovery_settings, lineage_root
 from recovery.models import Incident, JobProgress, RecoveryPolicy, SuspectNode
 from recovery.resume import resume_on_proof
+from recovery.steps import deadline_passed, past_deadline, step_begin, step_end, step_of
 from runs.rundir import RunDirectory
 from slurm.hostlist import expand
 
@@ -414,10 +415,14 @@ def incidents_advance(*, cluster: Cluster, now: datetime) -> int:
 def _advance(incident: Incident, now: datetime) -> bool:
     job = incident.job
     job.refresh_from_db()
+    policy = policy_for(job.cluster)
     if not job.is_final:
-        return _cancel_what_is_left(incident, job, now)
+        return _cancel_what_is_left(incident, job, now, policy)
     if incident.cancel_requested_at and incident.cancelled_at is None:
         Incident.objects.filter(pk=incident.pk).update(cancelled_at=job.ended_at or now)
+        step_end(
+            incident, "cancel", now=now, outcome=f"Slurm ended job {job.slurm_job_id} {job.state}"
+        )
     settings = job_recovery_settings(job)
     if incident.signal == Incident.Signal.HANG and settings.on_hang == OnHang.HOLD:
         return incident_move(
@@ -426,31 +431,42 @@ def _advance(incident: Incident, now: datetime) -> bool:
     if not job.files_final:
         # Its last checkpoints are still being read: choose once they are known.
         return False
-    if _awaiting_node_view(incident, job, now):
+    if _awaiting_node_view(incident, job, now, policy):
         return False
     stop = _limits_reached(incident, settings)
     if stop:
         return incident_move(incident, Incident.Outcome.HELD, reason=stop)
-    return resume_on_proof(incident, job, settings, now)
+    return resume_on_proof(incident, job, settings, now, policy)
 
 
-# How long a node failure's resume waits for a view of the nodes newer than the failure
-# (so the failed node is named and left out), before it resumes without one.
-NODE_VIEW_WAIT = timedelta(minutes=2)
-
-
-def _awaiting_node_view(incident: Incident, job: Job, now: datetime) -> bool:
+def _awaiting_node_view(
+    incident: Incident, job: Job, now: datetime, policy: RecoveryPolicy
+) -> bool:
     """A node failure (or a hang) with no suspect named yet: ask for a node sync once and
-    wait for it (up to ``NODE_VIEW_WAIT``), then name the nodes it shows down or failing."""
+    wait for it (up to the policy's node-view deadline: so the failed node is named and
+    left out), then name the nodes it shows down or failing; past the deadline, go on
+    without one (and say so)."""
     if incident.signal not in _NODE_VIEW_SIGNALS or incident.suspect_nodes:
         return False
     cluster = Cluster.objects.get(pk=incident.cluster_id)
     synced = cluster.last_sync_ok_at
     if synced is not None and synced >= incident.detected_at:
         _name_suspects(incident, job, list(_suspects(job, incident.signal)))
+        named = ", ".join(incident.suspect_nodes or []) or "no node down or failing"
+        step_end(incident, "node view", now=now, outcome=f"nodes synced: {named}")
         return False
-    if now - incident.detected_at > NODE_VIEW_WAIT:
+    seconds = policy.node_view_deadline_seconds
+    if now - incident.detected_at > timedelta(seconds=seconds):
+        if step_of(incident, "node view") is not None:
+            deadline_passed(
+                incident,
+                "node view",
+                now=now,
+                outcome=f"no view of the nodes newer than the failure within {seconds} s: "
+                "going on with the evidence there is",
+            )
         return False
+    step_begin(incident, "node view", now=now, seconds=seconds)
     evidence = dict(incident.evidence or {})
     if not evidence.get("node_sync_requested"):
         evidence["node_sync_requested"] = now.isoformat()
@@ -461,13 +477,30 @@ def _awaiting_node_view(incident: Incident, job: Job, now: datetime) -> bool:
     return True
 
 
-def _cancel_what_is_left(incident: Incident, job: Job, now: datetime) -> bool:
+def _cancel_what_is_left(
+    incident: Incident, job: Job, now: datetime, policy: RecoveryPolicy
+) -> bool:
+    """Cancel what is left of the job (once); held if Slurm has not ended it by the
+    policy's cancel deadline."""
     if incident.cancel_requested_at is not None:
-        return False
+        if not past_deadline(incident, "cancel", now):
+            return False
+        seconds = policy.cancel_deadline_seconds
+        why = (
+            f"Slurm has not ended job {job.slurm_job_id} ({job.state}) within {seconds} s of "
+            "recovery's cancel"
+        )
+        deadline_passed(incident, "cancel", now=now, outcome=why)
+        return incident_move(
+            incident,
+            Incident.Outcome.HELD,
+            reason=f"{why}: held for a person (an operator ends it with scancel, then resumes)",
+        )
     if not Incident.objects.filter(pk=incident.pk, cancel_requested_at__isnull=True).update(
         cancel_requested_at=now
     ):
         return False
+    step_begin(incident, "cancel", now=now, seconds=policy.cancel_deadline_seconds)
 
     def audit(cancelled: Job) -> None:
         audit_event_record(

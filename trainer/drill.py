@@ -24,6 +24,9 @@ whose class is the verdict (``trainer.schema.verdict_for``):
    against the next checkpoint's fingerprint (exact, or relative L2 within tolerance).
 9. fewer steps compared than asked: *inconclusive*. Otherwise: *passed*.
 
+K = 0 is a drill of the state alone ("state-exact, no replay", for a checkpoint the run
+logged nothing after): steps 1-7, no replay; Gantry names that level, never a full pass.
+
 ``drill.json`` is written by rank 0 at the end. The drill writes nothing else.
 """
 
@@ -276,7 +279,7 @@ class Drill:
             )
         end = self.step0 + self.k
         wanted = [s for s in range(self.step0 + 1, end + 1) if str(s) in losses]
-        if not wanted:
+        if not wanted and self.k > 0:
             raise DrillEnded(
                 Reason.REFERENCE_MISSING,
                 f"reference has no steps after {self.step0} (in ({self.step0}, {end}])",
@@ -407,7 +410,7 @@ class Drill:
         except Exception as exc:
             error = f"step {session.step + 1}: {type(exc).__name__}: {exc}"
         self.timings["steps_s"] = time.perf_counter() - t0
-        self.timings["per_step_s"] = self.timings["steps_s"] / self.k
+        self.timings["per_step_s"] = self.timings["steps_s"] / self.k if self.k else None
         errors = [e for e in dist.all_gather_object(error, self.env) if e]
         if errors:
             raise DrillEnded(
@@ -490,7 +493,7 @@ def _run_steps(drill: Drill, mode: str) -> None:
     losses = drill.replay(session)
     drill.compare_losses(losses)
     end = drill.step0 + drill.k
-    if str(end) in (drill.reference.get("fingerprints") or {}):
+    if drill.k and str(end) in (drill.reference.get("fingerprints") or {}):
         drill.compare_state(session, end, exact=exact, what="at_end")
     drill.check_complete()
 

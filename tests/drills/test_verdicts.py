@@ -1263,3 +1263,20 @@ def test_apply_report_of_a_pass_stores_the_report_and_proves(db: Any) -> None:
     stored = RestoreDrill.objects.get(id=drill.id)
     assert stored.verdict == PASSED and stored.evidence == passed_report()
     assert Checkpoint.objects.get(id=drill.checkpoint_id).last_proven_at is not None
+
+
+def test_a_state_exact_report_with_no_step_passes_only_a_drill_that_asked_for_none() -> None:
+    """The level state-exact, no replay: K = 0, the loaded state compared bit for bit. It
+    passes a drill that asked for 0 steps; the same report for a drill that asked for the
+    full replay proves less than was asked (inconclusive, never a pass)."""
+    report = passed_report()
+    report.update(steps_requested=0, steps_compared=0, steps=[])
+    report["state"] = {"at_load": _state_compared(CHECKPOINT_STEP), "at_end": None}
+    zero = drill_of(steps=0, replay_to_step=None)
+    zero.level = RestoreDrill.Level.STATE_EXACT
+    judged = verdict_of_report(report, zero)
+    assert judged.verdict == "passed" and judged.proves, judged.reason
+    assert_inconclusive(verdict_of_report(report, drill_of()), Reason.STEPS_SHORT)
+    # Without the state compared at load, a report with no step proves nothing.
+    report["state"] = {"at_load": None, "at_end": None}
+    assert verdict_of_report(report, zero).verdict == "inconclusive"

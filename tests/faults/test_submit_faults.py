@@ -248,6 +248,7 @@ def test_an_extra_slurm_job_with_a_taken_tag_is_cancelled(
     cancelled = wait_all(
         lambda: JobEvent.objects.filter(job_id=job_id, kind="duplicate").exists(), timeout=60
     )
+
     # slurmdbd records the cancel a moment after scancel returns: read until it has.
     def extra_state_now() -> str:
         return devcluster.slurm(["sacct", "-n", "-X", "-P", "-j", extra, "-o", "State"]).stdout

@@ -51,7 +51,9 @@ def two_rank_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return d / "run", _reference(d / "run", d / "reference.json")
 
 
-def _drill(tmp_path: Path, run: Path, reference: Path, damage: Damage | None) -> dict[str, Any]:
+def _drill(
+    tmp_path: Path, run: Path, reference: Path, damage: Damage | None, steps: int = 3
+) -> dict[str, Any]:
     copy = tmp_path / "run"
     shutil.copytree(run, copy)
     registered = {"checkpoint_step": 3, "manifest_digest": registered_digest(ckpt(copy, 3))}
@@ -69,7 +71,9 @@ def _drill(tmp_path: Path, run: Path, reference: Path, damage: Damage | None) ->
             "--reference",
             str(reference),
             "--steps",
-            "3",  # to the next checkpoint, step 6, whose fingerprint the reference holds
+            # 3: to the next checkpoint, step 6, whose fingerprint the reference holds;
+            # 0: state-exact, no replay.
+            str(steps),
             "--out",
             str(out),
         ]
@@ -137,3 +141,21 @@ def test_changed_dataset_definition_is_inconclusive(one_rank_run, tmp_path):
     changed.write_text(json.dumps(doc))
     got = _drill(tmp_path, run, changed, None)
     assert got["verdict"] == "inconclusive" and got["reason_code"] == "dataset_changed"
+
+
+def test_state_exact_without_replay_passes_clean_and_fails_every_damage(one_rank_run, tmp_path):
+    """K = 0 (a checkpoint the run logged nothing after): the files against the registered
+    manifest and the loaded state bit for bit against the saved fingerprint. A clean
+    checkpoint passes, with no step compared; every kind of damage is still caught, with
+    the verdict a full drill gives it."""
+    doc = _drill(tmp_path / "clean", *one_rank_run, None, steps=0)
+    assert doc["verdict"] == "passed", doc["reason"]
+    assert doc["steps_requested"] == 0 and doc["steps_compared"] == 0 and doc["steps"] == []
+    assert doc["state"]["at_load"]["compared"] and doc["state"]["at_load"]["exact"]
+    assert doc["state"].get("at_end") is None
+    missed = []
+    for index, damage in enumerate(REPLICATED_KINDS):
+        got = _drill(tmp_path / f"d{index}", *one_rank_run, damage, steps=0)
+        if got["verdict"] != damage.verdict or got["reason_code"] not in damage.codes:
+            missed.append((damage.name, got["verdict"], got["reason_code"]))
+    assert not missed, missed
