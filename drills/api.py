@@ -22,7 +22,6 @@ from drills.models import DrillBudget, DrillPolicy, RestoreDrill
 from drills.policies import drill_policy_update
 from drills.selectors import checkpoint_proofs, drill_get_for_user, drill_list
 from drills.services import checkpoint_verify_request, restore_drill_cancel, restore_drill_start
-from jobs import checkpoint_state
 from jobs.models import Checkpoint
 from jobs.selectors import checkpoint_get_for_user
 from nodes.models import Cluster
@@ -90,9 +89,6 @@ class CheckpointDetailSerializer(serializers.ModelSerializer):
     last_drill = serializers.SerializerMethodField()
     fingerprint = serializers.SerializerMethodField()
     proven_by = serializers.SerializerMethodField()
-    proof_level = serializers.SerializerMethodField(
-        help_text='"replay" (a full drill passed), "state_exact" (state-exact, no replay) or "".'
-    )
     strategy = serializers.SerializerMethodField()
     shards_per_rank = serializers.SerializerMethodField()
 
@@ -124,9 +120,6 @@ class CheckpointDetailSerializer(serializers.ModelSerializer):
             "strategy",
             "shards_per_rank",
         ]
-
-    def get_proof_level(self, checkpoint: Checkpoint) -> str:
-        return checkpoint_state.proof_level(checkpoint)
 
     def get_strategy(self, checkpoint: Checkpoint) -> str:
         """ddp or fsdp (a checkpoint of format 2 is DDP)."""

@@ -180,6 +180,8 @@ def _drill_shape(
     level state-exact: the steps the run logged right after the checkpoint (zero or more,
     at most what a full drill would replay), compared; the state at load, always."""
     _check_drillable(checkpoint, steps=steps, trainer=trainer)
+    if level not in RestoreDrill.Level.values:
+        raise FieldError("level", f"one of {', '.join(RestoreDrill.Level.values)}")
     if level == RestoreDrill.Level.STATE_EXACT:
         wanted, _ = drill_plan(checkpoint, steps, fallback or settings.DRILL_DEFAULT_STEPS)
         steps = consecutive_losses_logged(checkpoint, wanted)
@@ -197,7 +199,9 @@ def _drill_shape(
     _check_allocation(checkpoint.job, chosen)
     if level != RestoreDrill.Level.STATE_EXACT:
         _check_reference(checkpoint, steps)
-    key = allocation_key(chosen)
+    key = allocation_key(chosen) + (
+        ":state-exact" if level == RestoreDrill.Level.STATE_EXACT else ""
+    )
     if trainer == RestoreDrill.Trainer.CURRENT:
         key = f"{key}:trainer-current"
     return steps, replay_to, chosen, key
@@ -229,16 +233,12 @@ def restore_drill_start(
     pass is proof), else as the owner (self-attested: never proof); see
     ``drills.attestation``.
 
-    ``level`` ``state_exact`` (recovery's, for a checkpoint the failed run logged too few
-    steps after to replay): the steps there are, the state at load bit for bit; its pass is
-    recorded apart from a full one (``Checkpoint.state_proven_at``). ``exclude``: nodes the
-    drill's allocation leaves out (a node list; recovery's suspects).
+    ``level`` ``state_exact``: see ``_drill_shape`` (its pass is recorded apart, as
+    ``Checkpoint.state_proven_at``). ``exclude``: nodes left out (recovery's suspects).
     """
     job = checkpoint.job
     if actor is not None:
         require_can_act(actor, owner_id=job.owner_id, what="run drills on this job")
-    if level not in RestoreDrill.Level.values:
-        raise FieldError("level", f"one of {', '.join(RestoreDrill.Level.values)}")
     steps, replay_to, chosen, key = _drill_shape(
         checkpoint,
         steps=steps,
@@ -248,8 +248,6 @@ def restore_drill_start(
         level=level,
         exclude=exclude,
     )
-    if level == RestoreDrill.Level.STATE_EXACT:
-        key = f"{key}:state-exact"
     drill_partition_check(job=job, partition=str(chosen["partition"]))
     conflict = ConflictError(
         f"A drill of step {checkpoint.step} on this allocation ({key}) is already running; "

@@ -96,11 +96,7 @@ def checkpoint_state_proof_record(*, checkpoint_id: int, now: datetime) -> int:
 def proof_level(checkpoint: Checkpoint) -> str:
     """What stands of the checkpoint's proof, in the words the panel and the API use:
     ``replay`` (a full pass), ``state_exact`` (state-exact, no replay) or ``""`` (none)."""
-    if checkpoint.integrity == Checkpoint.Integrity.FAILED or checkpoint.deleted_at is not None:
-        return ""
-    if checkpoint.last_proven_at is not None:
-        return "replay"
-    return "state_exact" if checkpoint.state_proven_at is not None else ""
+    return checkpoint.proof_level
 
 
 def checkpoint_proof_void(*, checkpoint_id: int, detail: str, now: datetime) -> int:

@@ -401,6 +401,16 @@ class Checkpoint(models.Model):
     def __str__(self) -> str:
         return f"{self.job.name} step {self.step}"
 
+    @property
+    def proof_level(self) -> str:
+        """What stands of its proof (``checkpoint_state.proof_level``): "replay" (a full
+        pass), "state_exact" (state-exact, no replay) or "" (none)."""
+        if self.integrity == self.Integrity.FAILED or self.deleted_at is not None:
+            return ""
+        if self.last_proven_at is not None:
+            return "replay"
+        return "state_exact" if self.state_proven_at is not None else ""
+
 
 class StateFingerprint(models.Model):
     """The training state at a checkpoint's step, as the trainer fingerprinted it at save

@@ -182,8 +182,7 @@ def _run_distributed(args: argparse.Namespace) -> tuple[int, bool]:
         if args.max_seconds is not None and not 0 < args.max_seconds < float("inf"):
             _err("--max-seconds must be a positive number of seconds")
             return EXIT_INPUT, False
-    elif args.steps < 0:
-        # 0: state-exact, no replay (the checkpoint's files and loaded state only).
+    elif args.steps < 0:  # 0: state-exact, no replay (files and loaded state only)
         _err("--steps must be >= 0")
         return EXIT_INPUT, False
 

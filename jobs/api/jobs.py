@@ -19,7 +19,6 @@ from core.api import CursorPagination
 from core.conditional import etag_for, not_modified, revalidate
 from core.errors import FieldError
 from core.permissions import IsResearcherOrOperator
-from jobs import checkpoint_state
 from jobs.compose.settings import job_request_from_values
 from jobs.goodput.work_at_risk import job_work_at_risk
 from jobs.models import Checkpoint, Job, JobEvent
@@ -55,13 +54,6 @@ class CheckpointSerializer(serializers.ModelSerializer):
             "state_proven_at",
             "proof_level",
         ]
-
-    proof_level = serializers.SerializerMethodField(
-        help_text='"replay" (a full drill passed), "state_exact" (state-exact, no replay) or "".'
-    )
-
-    def get_proof_level(self, checkpoint: Checkpoint) -> str:
-        return checkpoint_state.proof_level(checkpoint)
 
 
 class JobSerializer(serializers.ModelSerializer):
