@@ -93,12 +93,6 @@ def checkpoint_state_proof_record(*, checkpoint_id: int, now: datetime) -> int:
     )
 
 
-def proof_level(checkpoint: Checkpoint) -> str:
-    """What stands of the checkpoint's proof, in the words the panel and the API use:
-    ``replay`` (a full pass), ``state_exact`` (state-exact, no replay) or ``""`` (none)."""
-    return checkpoint.proof_level
-
-
 def checkpoint_proof_void(*, checkpoint_id: int, detail: str, now: datetime) -> int:
     """A drill found the checkpoint at fault (whoever attested it): it is failed, and an
     earlier pass no longer stands."""

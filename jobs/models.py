@@ -403,8 +403,8 @@ class Checkpoint(models.Model):
 
     @property
     def proof_level(self) -> str:
-        """What stands of its proof (``checkpoint_state.proof_level``): "replay" (a full
-        pass), "state_exact" (state-exact, no replay) or "" (none)."""
+        """What stands of its proof: "replay" (a full pass), "state_exact" (state-exact, no
+        replay: ``state_proven_at``) or "" (none, or voided by a failure or retention)."""
         if self.integrity == self.Integrity.FAILED or self.deleted_at is not None:
             return ""
         if self.last_proven_at is not None:

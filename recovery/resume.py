@@ -25,6 +25,7 @@ from jobs.recovery_settings import RecoverySettings
 from jobs.services import job_resume
 from jobs.validation import node_fits
 from nodes.models import Node
+from recovery.detect import policy_for
 from recovery.evidence import node_is_faulty
 from recovery.incidents import incident_move, lineage_jobs, lineage_suspicions
 from recovery.models import Incident, RecoveryPolicy
@@ -44,7 +45,7 @@ def resume_on_proof(
     """Resume from the newest proven checkpoint; drill a newer unproven one first (on an
     allocation without the suspects). Held at once when the partition cannot host the
     job's shape without them."""
-    policy = policy or RecoveryPolicy(cluster=job.cluster)
+    policy = policy or policy_for(job.cluster)
     excluded = _exclusions(incident, settings)
     no_room = cannot_host(job, excluded)
     if no_room:
@@ -133,7 +134,7 @@ def choose_checkpoint(
     when the run logged too few steps after it to replay, is drilled at the level
     state-exact, no replay, which is enough where the policy says so
     (``RecoveryPolicy.state_exact_resume``)."""
-    policy = policy or RecoveryPolicy(cluster=job.cluster)
+    policy = policy or policy_for(job.cluster)
     excluded = excluded or []
     _settle_proving_drill(incident, now)
     lineage = lineage_jobs(incident.lineage_root)

@@ -124,7 +124,7 @@ def test_a_checkpoint_with_nothing_logged_after_it_is_proven_state_exact_and_res
     assert "state-exact, no replay" in incident.reason
     # Never blurred with a full pass: the checkpoint holds the level apart.
     assert newest.last_proven_at is None and newest.state_proven_at is not None
-    assert checkpoint_state.proof_level(newest) == "state_exact"
+    assert newest.proof_level == "state_exact"
     assert not checkpoint_state.proven(Checkpoint.objects.filter(pk=newest.pk)).exists()
     names = [s["name"] for s in incident.steps]
     assert names == ["prove step 800", "resume"]
